@@ -1,0 +1,7 @@
+"""The core model: torch + timm only."""
+from .factory import VARIANTS, create_srvit, variant_args
+from .softmor import SoftMoRUnit, apply_block
+from .srvit import ORGANISATIONS, SRViT, make_layout
+
+__all__ = ["SRViT", "SoftMoRUnit", "apply_block", "make_layout", "ORGANISATIONS",
+           "VARIANTS", "create_srvit", "variant_args"]

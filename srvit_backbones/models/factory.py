@@ -1,0 +1,91 @@
+"""Named SR-ViT variants (paper Table 2) and their timm registration.
+
+After ``import srvit_backbones``, ``timm.create_model('srvit_s_t3', ...)`` works. No
+weights are hosted: load a local file with
+``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``.
+"""
+from typing import Any, Dict
+
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+
+from ..checkpoint import checkpoint_filter_fn
+from .srvit import SRViT, make_layout
+
+# width / heads per size; blocks = first + middle + last ordinary blocks
+SIZES: Dict[str, Dict[str, Any]] = {
+    "t": dict(embed_dim=384, num_heads=6, layout=(3, 2, 1), num_middle_blocks=6),  # 8 unique blocks
+    "s": dict(embed_dim=384, num_heads=6, layout=(4, 3, 2, 1), num_middle_blocks=10),  # 12 unique blocks
+    "b": dict(embed_dim=512, num_heads=8, layout=(4, 3, 2, 1), num_middle_blocks=10),  # 12 unique blocks
+    # DeiT baselines: T=1, twelve ordinary blocks (one unit each, so unit i = layer i)
+    "deit_s": dict(embed_dim=384, num_heads=6, layout=(1,) * 10, num_middle_blocks=10, num_steps=1),
+    "deit_b": dict(embed_dim=768, num_heads=12, layout=(1,) * 10, num_middle_blocks=10, num_steps=1),
+}
+VARIANTS: Dict[str, Dict[str, Any]] = {
+    "srvit_t_t2": dict(SIZES["t"], num_steps=2),
+    "srvit_t_t3": dict(SIZES["t"], num_steps=3),
+    "srvit_s_t2": dict(SIZES["s"], num_steps=2),
+    "srvit_s_t3": dict(SIZES["s"], num_steps=3),
+    "srvit_s_t4": dict(SIZES["s"], num_steps=4),
+    "srvit_b_t2": dict(SIZES["b"], num_steps=2),
+    "srvit_b_t3": dict(SIZES["b"], num_steps=3),
+    "srvit_deit_s": dict(SIZES["deit_s"]),
+    "srvit_deit_b": dict(SIZES["deit_b"]),
+}
+
+
+def variant_args(name: str) -> Dict[str, Any]:
+    """Constructor arguments of a named variant (a copy), with a clear error for typos."""
+    if name not in VARIANTS:
+        raise ValueError(f"unknown SR-ViT variant {name!r}; known variants: {', '.join(VARIANTS)}")
+    return dict(VARIANTS[name])
+
+
+def _cfg(**kwargs) -> Dict[str, Any]:
+    return {
+        "url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None,
+        "crop_pct": 0.875, "interpolation": "bicubic", "fixed_input_size": False,
+        "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD,
+        "first_conv": "patch_embed.proj", "classifier": "head", "license": "apache-2.0", **kwargs,
+    }
+
+
+default_cfgs = generate_default_cfgs({name: _cfg() for name in VARIANTS})
+
+
+def default_out_indices(args: Dict[str, Any]):
+    """features_only / dense default: the recursive units, or layers 3/6/9/12 for DeiT."""
+    n_units = len(args["layout"]) + 2
+    return (2, 5, 8, 11) if n_units == 12 and set(args["layout"]) == {1} else tuple(range(1, n_units - 1))
+
+
+def create_srvit(variant: str, pretrained: bool = False, **kwargs) -> SRViT:
+    """Build a named variant; ``kwargs`` override its arguments (``num_steps``, ``layout``, ...)
+    or are timm's (``features_only``, ``out_indices``, ``pretrained_cfg_overlay``)."""
+    args = variant_args(variant)
+    args.update(kwargs)
+    if isinstance(args["layout"], str):
+        args["layout"] = make_layout(args["layout"], args["num_middle_blocks"])
+    overlay = dict(args.pop("pretrained_cfg_overlay", None) or {})
+    if args.get("distilled"):
+        overlay.setdefault("classifier", ("head", "head_dist"))
+    return build_model_with_cfg(
+        SRViT, variant, pretrained,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        pretrained_cfg_overlay=overlay or None,
+        feature_cfg=dict(out_indices=default_out_indices(args), feature_cls="getter"),
+        **args,
+    )
+
+
+def _register(name: str):
+    def fn(pretrained: bool = False, **kwargs) -> SRViT:
+        return create_srvit(name, pretrained=pretrained, **kwargs)
+    fn.__name__ = name
+    fn.__qualname__ = name
+    fn.__doc__ = f"SR-ViT variant ``{name}``: {VARIANTS[name]}"
+    return register_model(fn)
+
+
+for _name in VARIANTS:
+    globals()[_name] = _register(_name)

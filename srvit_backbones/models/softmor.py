@@ -1,0 +1,150 @@
+"""The SoftMoR unit (paper Algorithm 1): K shared blocks applied for T recursion steps,
+mixed token-wise by a soft router computed on the unit's input."""
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import drop_path
+from torch.utils.checkpoint import checkpoint
+
+AGGREGATIONS = ("soft", "hard", "last")
+
+
+def apply_block(block: nn.Module, x: torch.Tensor, drop_prob: float, training: bool) -> torch.Tensor:
+    """One application of a timm ViT ``Block`` with its own stochastic-depth rate.
+
+    A shared block runs at several depths, so its drop-path rate belongs to the application,
+    not to the module (the block itself is built with drop_path=0). With ``drop_prob=0`` this
+    is exactly ``block(x)``.
+    """
+    x = x + drop_path(block.ls1(block.attn(block.norm1(x))), drop_prob, training)
+    x = x + drop_path(block.ls2(block.mlp(block.norm2(x))), drop_prob, training)
+    return x
+
+
+class SoftMoRUnit(nn.Module):
+    """K distinct blocks applied T times, the T step outputs mixed per token.
+
+    Args:
+        blocks: the K blocks (timm ``Block`` modules, built with drop_path=0).
+        num_steps: recursion depth T (>= 1). T=1 is a plain stack with no extra parameters.
+        aggregation: ``soft`` (the method), ``hard`` (each token keeps its highest-scoring
+            step), or ``last`` (naive recursion: the output of step T, no router).
+        step_transforms: a residual Linear(D, D) before every step after the first.
+        drop_path_rates: one stochastic-depth rate per block application (K * T values,
+            step-major), scheduled over the model's effective depth.
+        zero_init: router and step transforms start at zero (uniform mixture, identity
+            transforms); otherwise they get a small truncated-normal init.
+    """
+
+    def __init__(
+        self,
+        blocks: Sequence[nn.Module],
+        num_steps: int,
+        aggregation: str = "soft",
+        step_transforms: bool = True,
+        drop_path_rates: Optional[Sequence[float]] = None,
+        zero_init: bool = True,
+    ):
+        super().__init__()
+        if num_steps < 1:
+            raise ValueError(f"num_steps (T) must be >= 1, got {num_steps}")
+        if len(blocks) < 1:
+            raise ValueError("a SoftMoR unit needs at least one block")
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+        self.blocks = nn.ModuleList(blocks)
+        self.num_steps = num_steps
+        self.aggregation = aggregation
+        n_apps = len(blocks) * num_steps
+        rates = [0.0] * n_apps if drop_path_rates is None else [float(r) for r in drop_path_rates]
+        if len(rates) != n_apps:
+            raise ValueError(f"drop_path_rates needs {n_apps} values (K*T), got {len(rates)}")
+        self.drop_path_rates = rates
+        self.grad_checkpointing = False
+
+        dim = self._dim()
+        uses_router = num_steps > 1 and aggregation != "last"
+        self.router = nn.Linear(dim, num_steps) if uses_router else None
+        self.step_transforms = (
+            nn.ModuleList(nn.Linear(dim, dim) for _ in range(num_steps - 1))
+            if num_steps > 1 and step_transforms else None
+        )
+        self.reset_recursion_parameters(zero_init)
+
+    def _dim(self) -> int:
+        norm = self.blocks[0].norm1
+        return norm.normalized_shape[0]
+
+    @torch.no_grad()
+    def reset_recursion_parameters(self, zero_init: bool = True):
+        for layer in ([self.router] if self.router is not None else []) + list(self.step_transforms or []):
+            if zero_init:
+                nn.init.zeros_(layer.weight)
+            else:
+                nn.init.trunc_normal_(layer.weight, std=0.02)
+            nn.init.zeros_(layer.bias)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def effective_depth(self) -> int:
+        return self.num_blocks * self.num_steps
+
+    def _run_blocks(self, z: torch.Tensor, step: int) -> torch.Tensor:
+        for k, block in enumerate(self.blocks):
+            rate = self.drop_path_rates[step * self.num_blocks + k]
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                # Non-reentrant: each *application* is checkpointed, which stays correct when
+                # the same parameters are used several times per forward (and under DDP).
+                z = checkpoint(apply_block, block, z, rate, self.training, use_reentrant=False)
+            else:
+                z = apply_block(block, z, rate, self.training)
+        return z
+
+    def router_weights(self, x: torch.Tensor) -> torch.Tensor:
+        """Mixture weights (B, N, T), softmax over steps, in float32 even under autocast."""
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            logits = F.linear(x.float(), self.router.weight.float(), self.router.bias.float())
+            return logits.softmax(dim=-1)
+
+    def forward(self, x: torch.Tensor, return_weights: bool = False):
+        """x: (B, N, D) -> (B, N, D); with ``return_weights`` also the (B, N, T) mixture
+        weights actually applied (one-hot for ``hard``, None for ``last`` or T=1)."""
+        if self.router is None:
+            h = x
+            for t in range(self.num_steps):
+                if t > 0 and self.step_transforms is not None:
+                    h = h + self.step_transforms[t - 1](h)
+                h = self._run_blocks(h, t)
+            return (h, None) if return_weights else h
+
+        alpha = self.router_weights(x)
+        if self.aggregation == "hard":
+            # Forward value is exactly the argmax step's output; the router still gets a
+            # gradient through alpha / alpha.detach() (straight-through).
+            index = alpha.argmax(dim=-1, keepdim=True)
+            one_hot = torch.zeros_like(alpha).scatter_(-1, index, 1.0)
+            weights = one_hot * alpha / alpha.detach()
+        else:
+            weights = alpha
+        weights = weights.to(x.dtype)
+
+        h = x
+        y = None
+        for t in range(self.num_steps):
+            if t > 0 and self.step_transforms is not None:
+                h = h + self.step_transforms[t - 1](h)
+            h = self._run_blocks(h, t)
+            contribution = weights[..., t : t + 1] * h
+            y = contribution if y is None else y + contribution
+        if return_weights:
+            return y, (one_hot if self.aggregation == "hard" else alpha)
+        return y
+
+    def extra_repr(self) -> str:
+        return (f"K={self.num_blocks}, T={self.num_steps}, aggregation={self.aggregation}, "
+                f"step_transforms={self.step_transforms is not None}")

@@ -1,0 +1,329 @@
+"""SR-ViT: a DeiT-style ViT whose middle blocks are grouped into SoftMoR units.
+
+Layout (coarse-to-fine, the paper's): an ordinary first block, recursive units of
+decreasing size (R4-R3-R2-R1 for S/B), an ordinary last block. Every block sits in a unit
+(the ordinary ones in units of one block with T=1), so ``model.units[i]`` is the i-th
+stage and feature indices count units: for SR-ViT-S the recursive units are 1..4.
+"""
+import math
+from functools import partial
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+from timm.layers import PatchEmbed, resample_abs_pos_embed, trunc_normal_
+from timm.models._features import feature_take_indices
+from timm.models.vision_transformer import Block, init_weights_vit_timm
+
+from .softmor import SoftMoRUnit
+
+ORGANISATIONS = ("coarse_to_fine", "fine_to_coarse", "coarse_grained", "fine_grained")
+
+
+def make_layout(organisation: str, num_middle_blocks: int) -> Tuple[int, ...]:
+    """Unit sizes for the blocks between the first and last ordinary blocks.
+
+    coarse_to_fine: (n, n-1, ..., 1), needs a triangular number of blocks (10 -> 4,3,2,1);
+    fine_to_coarse: the reverse; coarse_grained: one unit of all; fine_grained: units of one.
+    """
+    if organisation not in ORGANISATIONS:
+        raise ValueError(f"layout organisation must be one of {ORGANISATIONS}, got {organisation!r}")
+    if num_middle_blocks < 1:
+        raise ValueError(f"num_middle_blocks must be >= 1, got {num_middle_blocks}")
+    if organisation == "coarse_grained":
+        return (num_middle_blocks,)
+    if organisation == "fine_grained":
+        return (1,) * num_middle_blocks
+    n = int(round((math.sqrt(8 * num_middle_blocks + 1) - 1) / 2))
+    if n * (n + 1) // 2 != num_middle_blocks:
+        raise ValueError(
+            f"layout {organisation!r} needs a triangular number of middle blocks (1, 3, 6, 10, ...), "
+            f"got {num_middle_blocks}; pass an explicit layout tuple instead")
+    sizes = tuple(range(n, 0, -1))
+    return sizes if organisation == "coarse_to_fine" else sizes[::-1]
+
+
+class SRViT(nn.Module):
+    """Soft Mixture-of-Recursions Vision Transformer (timm-style model).
+
+    Args:
+        layout: sizes K of the recursive units between the first and last ordinary blocks,
+            or an organisation name (see ``make_layout``) resolved with ``num_middle_blocks``.
+        num_steps: recursion depth T for every recursive unit (T=1: a plain ViT, e.g. DeiT).
+        aggregation / step_transforms / zero_init_recursion: see ``SoftMoRUnit``.
+        distilled: add a DeiT distillation token and head.
+        drop_path_rate: stochastic depth, linearly scheduled over the effective depth.
+        pos_embed_interp: interpolation used to resize the position embedding at run time.
+    """
+
+    def __init__(
+        self,
+        img_size: Union[int, Tuple[int, int]] = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        global_pool: str = "token",
+        embed_dim: int = 384,
+        num_heads: int = 6,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        layout: Union[str, Sequence[int]] = (4, 3, 2, 1),
+        num_middle_blocks: int = 10,
+        num_steps: int = 3,
+        aggregation: str = "soft",
+        step_transforms: bool = True,
+        zero_init_recursion: bool = True,
+        distilled: bool = False,
+        drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        pos_embed_interp: str = "bicubic",
+        weight_init: str = "",
+    ):
+        super().__init__()
+        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+            raise ValueError(f"num_steps (T) must be an integer >= 1, got {num_steps!r}")
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+        if global_pool not in ("token", ""):
+            raise ValueError(f"global_pool must be 'token' or '', got {global_pool!r}")
+        if isinstance(layout, str):
+            layout = make_layout(layout, num_middle_blocks)
+        layout = tuple(layout)
+        if len(layout) == 0 or any((not isinstance(k, int)) or k < 1 for k in layout):
+            raise ValueError(f"layout must be a non-empty sequence of unit sizes >= 1, got {layout!r}")
+
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.num_features = self.embed_dim = embed_dim
+        self.head_hidden_size = embed_dim
+        self.num_steps = num_steps
+        self.layout = layout
+        self.distilled = distilled
+        self.num_prefix_tokens = 2 if distilled else 1
+        self.pos_embed_interp = pos_embed_interp
+        self.distilled_training = False  # DeiT: return (cls, dist) logits in training when set
+        self.grad_checkpointing = False
+
+        self.patch_embed = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans,
+                                      embed_dim=embed_dim, strict_img_size=False)
+        self.patch_size = self.patch_embed.patch_size[0]
+        num_patches = self.patch_embed.num_patches
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if distilled else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + self.num_prefix_tokens, embed_dim))
+        self.pos_drop = nn.Dropout(drop_rate)
+
+        # (unit sizes, steps): ordinary first block, recursive units, ordinary last block.
+        plan = [(1, 1)] + [(k, num_steps) for k in layout] + [(1, 1)]
+        self.effective_depth = sum(k * t for k, t in plan)
+        rates = torch.linspace(0, drop_path_rate, self.effective_depth).tolist()
+        norm_layer = partial(nn.LayerNorm, eps=1e-6)
+        units, offset = [], 0
+        for k, t in plan:
+            blocks = [Block(dim=embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
+                            proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=0.0,
+                            norm_layer=norm_layer) for _ in range(k)]
+            units.append(SoftMoRUnit(blocks, num_steps=t, aggregation=aggregation,
+                                     step_transforms=step_transforms,
+                                     drop_path_rates=rates[offset:offset + k * t],
+                                     zero_init=zero_init_recursion))
+            offset += k * t
+        self.units = nn.ModuleList(units)
+        self.recursive_unit_indices = tuple(range(1, len(units) - 1))
+        self.norm = norm_layer(embed_dim)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head_dist = (nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()) \
+            if distilled else None
+        self.feature_info = [dict(num_chs=embed_dim, reduction=self.patch_size, module=f"units.{i}")
+                             for i in range(len(units))]
+        self.init_weights(weight_init, zero_init_recursion)
+
+    # ----------------------------------------------------------------- timm conventions
+    def init_weights(self, mode: str = "", zero_init_recursion: bool = True):
+        if mode not in ("", "jax"):
+            raise ValueError(f"weight_init must be '' or 'jax', got {mode!r}")
+        trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.normal_(self.cls_token, std=1e-6)
+        if self.dist_token is not None:
+            trunc_normal_(self.dist_token, std=0.02)
+        for child in self.children():  # not self.apply: timm's init recurses into init_weights
+            child.apply(init_weights_vit_timm)
+        for unit in self.units:
+            unit.reset_recursion_parameters(zero_init_recursion)
+
+    @torch.jit.ignore
+    def no_weight_decay(self):
+        return {"pos_embed", "cls_token", "dist_token"}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False):
+        return dict(stem=r"^cls_token|^dist_token|^pos_embed|^patch_embed",
+                    blocks=[(r"^units\.(\d+)", None), (r"^norm", (99999,))])
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True):
+        self.grad_checkpointing = enable
+        for unit in self.units:
+            unit.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None):
+        self.num_classes = num_classes
+        if global_pool is not None:
+            if global_pool not in ("token", ""):
+                raise ValueError(f"global_pool must be 'token' or '', got {global_pool!r}")
+            self.global_pool = global_pool
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        if self.distilled:
+            self.head_dist = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    @torch.jit.ignore
+    def set_distilled_training(self, enable: bool = True):
+        self.distilled_training = enable
+
+    # ----------------------------------------------------------------- embedding
+    @property
+    def pretrain_grid(self) -> Tuple[int, int]:
+        return tuple(self.patch_embed.grid_size)
+
+    def _check_input(self, x: torch.Tensor):
+        if x.ndim != 4:
+            raise ValueError(f"expected an image batch (B, C, H, W), got shape {tuple(x.shape)}")
+        h, w = x.shape[-2:]
+        p = self.patch_size
+        if h % p or w % p:
+            raise ValueError(
+                f"input size {h}x{w} is not a multiple of the patch size {p}: pad the image to a "
+                f"multiple of {p} (detectron2: square_pad or size_divisibility; mmseg: the data "
+                f"preprocessor's size / size_divisor)")
+
+    def _pos_embed(self, x: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+        pos_embed = self.pos_embed
+        if tuple(grid) != self.pretrain_grid:
+            pos_embed = resample_abs_pos_embed(pos_embed, new_size=list(grid), old_size=list(self.pretrain_grid),
+                                               num_prefix_tokens=self.num_prefix_tokens,
+                                               interpolation=self.pos_embed_interp, antialias=False)
+        prefix = [self.cls_token.expand(x.shape[0], -1, -1)]
+        if self.dist_token is not None:
+            prefix.append(self.dist_token.expand(x.shape[0], -1, -1))
+        x = torch.cat(prefix + [x], dim=1) + pos_embed
+        return self.pos_drop(x)
+
+    def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        """Images (B, C, H, W) -> tokens (B, prefix + H/16 * W/16, D) and the patch grid."""
+        self._check_input(x)
+        grid = (x.shape[-2] // self.patch_size, x.shape[-1] // self.patch_size)
+        x = self.patch_embed(x)
+        return self._pos_embed(x, grid), grid
+
+    # ----------------------------------------------------------------- forward
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x, _ = self.embed(x)
+        for unit in self.units:
+            x = unit(x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False):
+        if self.global_pool == "":
+            return x if pre_logits else self.head(self.head_drop(x))
+        x_cls = self.head_drop(x[:, 0])
+        if pre_logits:
+            return x_cls
+        if not self.distilled:
+            return self.head(x_cls)
+        x_dist = self.head_drop(x[:, 1])
+        logits, logits_dist = self.head(x_cls), self.head_dist(x_dist)
+        if self.distilled_training and self.training and not torch.jit.is_scripting():
+            return logits, logits_dist
+        return (logits + logits_dist) / 2
+
+    def forward(self, x: torch.Tensor):
+        return self.forward_head(self.forward_features(x))
+
+    # ----------------------------------------------------------------- dense features
+    def tokens_to_map(self, x: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+        """(B, prefix + h*w, C) -> (B, C, h, w), class/distillation tokens removed."""
+        x = x[:, self.num_prefix_tokens:]
+        return x.transpose(1, 2).reshape(x.shape[0], x.shape[-1], grid[0], grid[1])
+
+    def forward_units(self, x: torch.Tensor, indices: Sequence[int], return_mixture: bool = False,
+                      stop_early: bool = False):
+        """Run the model, keeping the token outputs of the units in ``indices``.
+
+        Returns (final tokens before the norm, {index: tokens}, {index: mixture (B, N, T)},
+        grid). Mixture weights exist for recursive units with a router.
+        """
+        wanted = set(indices)
+        last = max(wanted) if (stop_early and wanted) else len(self.units) - 1
+        x, grid = self.embed(x)
+        outputs, mixtures = {}, {}
+        for i, unit in enumerate(self.units[:last + 1]):
+            if return_mixture and i in wanted:
+                x, weights = unit(x, return_weights=True)
+                if weights is not None:
+                    mixtures[i] = weights
+            else:
+                x = unit(x)
+            if i in wanted:
+                outputs[i] = x
+        return x, outputs, mixtures, grid
+
+    def forward_feature_maps(self, x: torch.Tensor, indices: Optional[Sequence[int]] = None,
+                             return_mixture: bool = False) -> Dict[str, torch.Tensor]:
+        """Dense-prediction features as NCHW stride-16 maps, keyed ``unit{i}``.
+
+        ``indices`` default to the recursive units. ``last_feat`` (the last block's output,
+        no final norm: the ViTDet Simple Feature Pyramid input) is always included. With
+        ``return_mixture``, ``mixture{i}`` holds unit i's (B, T, h, w) mixture weights.
+        """
+        indices = self.recursive_unit_indices if indices is None else self._check_indices(indices)
+        x, outputs, mixtures, grid = self.forward_units(x, indices, return_mixture)
+        feats = {f"unit{i}": self.tokens_to_map(outputs[i], grid) for i in indices}
+        feats["last_feat"] = self.tokens_to_map(x, grid)
+        for i, w in mixtures.items():
+            feats[f"mixture{i}"] = self.tokens_to_map(w, grid)
+        return feats
+
+    def _check_indices(self, indices: Sequence[int]) -> List[int]:
+        n = len(self.units)
+        out = []
+        for i in indices:
+            if not isinstance(i, int) or not -n <= i < n:
+                raise ValueError(f"feature index {i!r} does not exist: this model has {n} units "
+                                 f"(0..{n - 1}; recursive units {list(self.recursive_unit_indices)})")
+            out.append(i % n)
+        return out
+
+    def forward_intermediates(self, x: torch.Tensor, indices: Optional[Union[int, List[int]]] = None,
+                              norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
+                              intermediates_only: bool = False, return_prefix_tokens: bool = False):
+        """timm's intermediate-feature API; indices count units (see ``feature_info``)."""
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take_indices, _ = feature_take_indices(len(self.units), indices)
+        x, outputs, _, grid = self.forward_units(x, take_indices, stop_early=stop_early or intermediates_only)
+        intermediates = []
+        for i in take_indices:
+            tokens = self.norm(outputs[i]) if norm else outputs[i]
+            prefix = tokens[:, :self.num_prefix_tokens]
+            feat = self.tokens_to_map(tokens, grid) if output_fmt == "NCHW" else tokens[:, self.num_prefix_tokens:]
+            intermediates.append((feat, prefix) if return_prefix_tokens else feat)
+        if intermediates_only:
+            return intermediates
+        return self.norm(x), intermediates
+
+    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True):
+        take_indices, max_index = feature_take_indices(len(self.units), indices)
+        self.units = self.units[:max_index + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0, "")
+        return take_indices
