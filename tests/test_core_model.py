@@ -1,0 +1,349 @@
+"""The core SR-ViT: SoftMoR semantics, variants, timm conventions, dense features."""
+import copy
+
+import pytest
+import timm
+import torch
+import torch.nn as nn
+from timm.models.vision_transformer import Block
+
+import srvit_backbones  # noqa: F401
+from srvit_backbones import SoftMoRUnit, SRViT, create_srvit, make_layout
+from srvit_backbones.models import VARIANTS
+from srvit_backbones.models.softmor import apply_block
+
+
+def tiny(**kw):
+    args = dict(img_size=32, patch_size=16, embed_dim=32, num_heads=2, layout=(2, 1), num_steps=3,
+                num_classes=5)
+    args.update(kw)
+    return SRViT(**args)
+
+
+def blocks(k, dim=32):
+    torch.manual_seed(0)
+    return [Block(dim, 2, qkv_bias=True, norm_layer=nn.LayerNorm) for _ in range(k)]
+
+
+def randomize(unit):
+    """Non-zero router / step transforms so that the tests see them act."""
+    with torch.no_grad():
+        for p in unit.parameters():
+            p.normal_(0, 0.2) if p.ndim > 1 else p.normal_(0, 0.1)
+    return unit
+
+
+# ----------------------------------------------------------------------------- unit semantics
+def test_unit_t1_is_plain_block_stack_without_extra_parameters():
+    bs = blocks(3)
+    unit = SoftMoRUnit(copy.deepcopy(bs), num_steps=1)
+    assert unit.router is None and unit.step_transforms is None
+    assert sum(p.numel() for p in unit.parameters()) == sum(p.numel() for b in bs for p in b.parameters())
+    x = torch.randn(2, 7, 32)
+    ref = x
+    for b in bs:
+        ref = b(ref)
+    torch.testing.assert_close(unit(x), ref)
+
+
+def test_last_without_step_transforms_is_blocks_applied_t_times():
+    bs = blocks(2)
+    unit = SoftMoRUnit(copy.deepcopy(bs), num_steps=3, aggregation="last", step_transforms=False)
+    assert unit.router is None
+    x = torch.randn(2, 5, 32)
+    ref = x
+    for _ in range(3):
+        for b in bs:
+            ref = b(ref)
+    torch.testing.assert_close(unit(x), ref)
+
+
+def _step_outputs(unit, x):
+    """Reference per-step outputs of Algorithm 1, written out independently."""
+    outs, h = [], x
+    for t in range(unit.num_steps):
+        if t > 0 and unit.step_transforms is not None:
+            h = h + unit.step_transforms[t - 1](h)
+        for b in unit.blocks:
+            h = b(h)
+        outs.append(h)
+    return torch.stack(outs, dim=-1)  # (B, N, D, T)
+
+
+def test_zero_router_gives_mean_of_step_outputs():
+    unit = SoftMoRUnit(blocks(2), num_steps=3)
+    with torch.no_grad():  # keep the router at its zero init, make steps differ
+        for st in unit.step_transforms:
+            st.weight.normal_(0, 0.2)
+    assert torch.count_nonzero(unit.router.weight) == 0
+    x = torch.randn(2, 6, 32)
+    torch.testing.assert_close(unit(x), _step_outputs(unit, x).mean(-1))
+
+
+def test_soft_mixture_matches_algorithm_1():
+    unit = randomize(SoftMoRUnit(blocks(2), num_steps=3))
+    x = torch.randn(2, 6, 32)
+    alpha = torch.softmax(unit.router(x), dim=-1)  # (B, N, T)
+    ref = (_step_outputs(unit, x) * alpha.unsqueeze(2)).sum(-1)
+    y, weights = unit(x, return_weights=True)
+    torch.testing.assert_close(y, ref)
+    torch.testing.assert_close(weights, alpha)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 6))
+
+
+def test_hard_picks_each_tokens_argmax_step():
+    unit = randomize(SoftMoRUnit(blocks(1), num_steps=4, aggregation="hard"))
+    x = torch.randn(3, 9, 32)
+    steps = _step_outputs(unit, x)
+    choice = unit.router(x).argmax(-1)  # (B, N)
+    assert choice.unique().numel() > 1, "the test needs tokens that pick different steps"
+    ref = torch.gather(steps, -1, choice[..., None, None].expand(-1, -1, 32, 1)).squeeze(-1)
+    y, weights = unit(x, return_weights=True)
+    torch.testing.assert_close(y, ref)
+    assert torch.equal(weights.argmax(-1), choice) and torch.equal(weights.sum(-1), torch.ones(3, 9))
+
+
+@pytest.mark.parametrize("aggregation", ["soft", "hard"])
+def test_gradients_reach_router_step_transforms_and_shared_blocks(aggregation):
+    unit = randomize(SoftMoRUnit(blocks(2), num_steps=3, aggregation=aggregation))
+    unit(torch.randn(2, 5, 32)).square().sum().backward()
+    for name, p in unit.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_router_softmax_in_float32_under_autocast():
+    unit = randomize(SoftMoRUnit(blocks(1), num_steps=3))
+    x = torch.randn(1, 4, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        w = unit.router_weights(x)
+        y = unit(x)
+    assert w.dtype == torch.float32
+    torch.testing.assert_close(y.float(), unit(x), atol=0.1, rtol=0.05)  # bf16 matmuls, same result
+    torch.testing.assert_close(w, torch.softmax(unit.router(x), -1))
+
+
+def test_zero_init_is_configurable():
+    unit = SoftMoRUnit(blocks(1), num_steps=2, zero_init=False)
+    assert unit.router.weight.abs().sum() > 0 and unit.step_transforms[0].weight.abs().sum() > 0
+    model = tiny()
+    for unit in model.units[1:-1]:
+        assert unit.router.weight.abs().sum() == 0 and unit.step_transforms[0].weight.abs().sum() == 0
+
+
+# ----------------------------------------------------------------------------- model
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_every_variant_builds_and_runs(name):
+    model = timm.create_model(name, num_classes=7, img_size=64)
+    spec = VARIANTS[name]
+    assert model.num_steps == spec["num_steps"] and model.layout == spec["layout"]
+    assert model.effective_depth == 2 + spec["num_steps"] * sum(spec["layout"])
+    x = torch.randn(2, 3, 64, 48)
+    assert model(x).shape == (2, 7)
+    feats = model.forward_feature_maps(x)
+    expected = {f"unit{i}" for i in model.recursive_unit_indices} | {"last_feat"}
+    assert set(feats) == expected
+    for f in feats.values():
+        assert f.shape == (2, spec["embed_dim"], 4, 3)
+
+
+def test_effective_depths_match_paper():
+    depths = {n: timm.create_model(n).effective_depth for n in
+              ["srvit_t_t2", "srvit_t_t3", "srvit_s_t2", "srvit_s_t3", "srvit_s_t4", "srvit_b_t2", "srvit_b_t3",
+               "srvit_deit_s"]}
+    assert depths == {"srvit_t_t2": 14, "srvit_t_t3": 20, "srvit_s_t2": 22, "srvit_s_t3": 32,
+                      "srvit_s_t4": 42, "srvit_b_t2": 22, "srvit_b_t3": 32, "srvit_deit_s": 12}
+
+
+@pytest.mark.parametrize("org,expected", [("coarse_to_fine", (4, 3, 2, 1)), ("fine_to_coarse", (1, 2, 3, 4)),
+                                          ("coarse_grained", (10,)), ("fine_grained", (1,) * 10)])
+def test_unit_organisations(org, expected):
+    assert make_layout(org, 10) == expected
+    model = create_srvit("srvit_s_t2", layout=org, img_size=32, num_classes=0)
+    assert model.layout == expected
+    assert [len(u.blocks) for u in model.units] == [1, *expected, 1]
+    assert sum(len(u.blocks) for u in model.units) == 12
+
+
+def test_any_t_and_unique_parameters_do_not_grow_with_t():
+    counts = [sum(p.numel() for n, p in tiny(num_steps=t).named_parameters() if ".blocks." in n) for t in (1, 2, 5)]
+    assert counts[0] == counts[1] == counts[2]
+    assert tiny(num_steps=5).effective_depth == 2 + 5 * 3
+
+
+def test_drop_path_is_scheduled_over_effective_depth():
+    model = tiny(drop_path_rate=0.3)  # D_eff = 2 + 3 * 3 = 11
+    rates = [r for u in model.units for r in u.drop_path_rates]
+    torch.testing.assert_close(torch.tensor(rates), torch.linspace(0, 0.3, 11))
+    # a shared block gets a larger rate at each later application
+    unit = model.units[1]
+    assert unit.drop_path_rates[0] < unit.drop_path_rates[2] < unit.drop_path_rates[4]
+    model.train()
+    torch.manual_seed(0)
+    a = model(torch.randn(4, 3, 32, 32))
+    assert torch.isfinite(a).all()
+
+
+def test_checkpointed_and_plain_forward_backward_agree():
+    torch.manual_seed(0)
+    model = tiny()
+    for unit in model.units:
+        randomize_recursion(unit)
+    ref_model = copy.deepcopy(model)
+    model.set_grad_checkpointing(True)
+    assert all(u.grad_checkpointing for u in model.units)
+    x = torch.randn(2, 3, 32, 32)
+    out, ref = model(x), ref_model(x)
+    torch.testing.assert_close(out, ref)
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    for (n, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=n)
+
+
+def randomize_recursion(unit):
+    with torch.no_grad():
+        if unit.router is not None:
+            unit.router.weight.normal_(0, 0.3)
+        for st in unit.step_transforms or []:
+            st.weight.normal_(0, 0.1)
+
+
+def test_distillation_token_and_heads():
+    model = tiny(distilled=True)
+    assert model.num_prefix_tokens == 2 and model.pos_embed.shape[1] == 4 + 2
+    x = torch.randn(2, 3, 32, 32)
+    model.eval()
+    y = model(x)
+    feats = model.forward_features(x)
+    torch.testing.assert_close(y, (model.head(feats[:, 0]) + model.head_dist(feats[:, 1])) / 2)
+    model.train()
+    model.set_distilled_training(True)
+    cls_logits, dist_logits = model(x)
+    assert cls_logits.shape == dist_logits.shape == (2, 5)
+    assert model.forward_feature_maps(x)["last_feat"].shape == (2, 32, 2, 2)
+
+
+@pytest.mark.parametrize("size", [(1024, 1024), (512, 1024)])
+def test_position_embedding_interpolated_for_dense_inputs(size):
+    model = tiny(img_size=224)
+    x = torch.randn(1, 3, *size)
+    feats = model.forward_feature_maps(x, return_mixture=True)
+    h, w = size[0] // 16, size[1] // 16
+    assert feats["last_feat"].shape == (1, 32, h, w)
+    assert feats["mixture1"].shape == (1, 3, h, w)
+    torch.testing.assert_close(feats["mixture1"].sum(1), torch.ones(1, h, w))
+    # the interpolated table is timm's bicubic resample of the 14x14 one
+    tokens, grid = model.embed(x)
+    ref = timm.layers.resample_abs_pos_embed(model.pos_embed, [h, w], [14, 14], num_prefix_tokens=1,
+                                             interpolation="bicubic", antialias=False)
+    patches = model.patch_embed(x)
+    torch.testing.assert_close(tokens, torch.cat([model.cls_token, patches], 1) + ref)
+
+
+def test_non_multiple_of_patch_size_is_a_clear_error():
+    with pytest.raises(ValueError, match="not a multiple of the patch size 16.*pad"):
+        tiny()(torch.randn(1, 3, 40, 32))
+
+
+def test_state_dict_round_trip():
+    a, b = tiny(), tiny()
+    for unit in a.units:
+        randomize_recursion(unit)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    a.eval(), b.eval()
+    torch.testing.assert_close(a(x), b(x))
+    assert not any(k.startswith("blocks.") for k in a.state_dict())
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(num_steps=0), "num_steps"),
+    (dict(layout=()), "layout"),
+    (dict(embed_dim=30, num_heads=4), "embed_dim"),
+    (dict(aggregation="max"), "aggregation"),
+    (dict(layout="spiral"), "layout"),
+    (dict(layout="coarse_to_fine", num_middle_blocks=5), "triangular"),
+])
+def test_bad_arguments_name_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        tiny(**kwargs)
+
+
+def test_unknown_variant_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown SR-ViT variant 'srvit_s_t9'.*srvit_s_t3"):
+        create_srvit("srvit_s_t9")
+
+
+def test_bad_feature_index_is_a_clear_error():
+    with pytest.raises(ValueError, match="feature index 9 does not exist.*recursive units"):
+        tiny().forward_feature_maps(torch.randn(1, 3, 32, 32), indices=[1, 9])
+
+
+# ----------------------------------------------------------------------------- timm conventions
+def test_timm_create_model_conventions():
+    model = timm.create_model("srvit_s_t3", num_classes=10, drop_path_rate=0.1, img_size=64)
+    assert isinstance(model, SRViT) and model.num_classes == 10
+    assert model.units[-1].drop_path_rates[-1] == pytest.approx(0.1)
+    assert model.pretrained_cfg["input_size"] == (3, 224, 224) and model.pretrained_cfg["crop_pct"] == 0.875
+    assert {"pos_embed", "cls_token"} <= model.no_weight_decay()
+    x = torch.randn(1, 3, 64, 64)
+    feats = model.forward_features(x)
+    assert feats.shape == (1, 1 + 16, 384)
+    assert model.forward_head(feats, pre_logits=True).shape == (1, 384)
+    model.reset_classifier(3)
+    assert model(x).shape == (1, 3) and model.get_classifier().out_features == 3
+    model.set_grad_checkpointing()
+    assert model(x).shape == (1, 3)
+
+
+def test_timm_forward_intermediates_and_features_only():
+    model = timm.create_model("srvit_s_t2", img_size=64, num_classes=0)
+    x = torch.randn(2, 3, 64, 32)
+    final, inter = model.forward_intermediates(x, indices=[1, 2, 3, 4])
+    assert final.shape == (2, 1 + 8, 384) and [f.shape for f in inter] == [(2, 384, 4, 2)] * 4
+    maps = model.forward_feature_maps(x)
+    for i, f in zip([1, 2, 3, 4], inter):
+        torch.testing.assert_close(f, maps[f"unit{i}"])
+
+    backbone = timm.create_model("srvit_s_t2", img_size=64, features_only=True)
+    assert backbone.feature_info.channels() == [384] * 4 and backbone.feature_info.reduction() == [16] * 4
+    backbone.load_state_dict(model.state_dict(), strict=False)
+    outs = backbone(x)
+    assert len(outs) == 4
+    deit = timm.create_model("srvit_deit_s", img_size=64, features_only=True)
+    assert deit.feature_info.module_name() == ["units.2", "units.5", "units.8", "units.11"]
+
+
+def test_timm_deit_weights_give_identical_logits(tmp_path):
+    deit = timm.create_model("deit_small_patch16_224", pretrained=False).eval()
+    path = tmp_path / "deit_s.pth"
+    torch.save(deit.state_dict(), path)
+    ours = timm.create_model("srvit_deit_s", pretrained=True,
+                             pretrained_cfg_overlay=dict(file=str(path))).eval()
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), deit(x))
+    # the same DeiT weights in the SR-ViT-S layout at T=1 (S-R4-R3-R2-R1-S): same function
+    s_t1 = create_srvit("srvit_s_t2", num_steps=1).eval()
+    report = srvit_backbones.load_pretrained(s_t1, str(path))
+    assert report.complete
+    with torch.no_grad():
+        torch.testing.assert_close(s_t1(x), deit(x))
+
+
+def test_timm_checkpoint_filter_resizes_pos_embed(tmp_path):
+    src = timm.create_model("srvit_s_t2", num_classes=0).eval()  # 14x14 grid
+    path = tmp_path / "s224.pth"
+    torch.save({"model": src.state_dict()}, path)
+    big = timm.create_model("srvit_s_t2", num_classes=0, img_size=384, pretrained=True,
+                            pretrained_cfg_overlay=dict(file=str(path)))
+    assert big.pos_embed.shape == (1, 1 + 24 * 24, 384)
+    ref = timm.layers.resample_abs_pos_embed(src.pos_embed, [24, 24], [14, 14], num_prefix_tokens=1,
+                                             interpolation="bicubic", antialias=False)
+    torch.testing.assert_close(big.pos_embed.data, ref)
+
+
+def test_block_application_with_zero_drop_path_equals_block():
+    b = blocks(1)[0]
+    x = torch.randn(2, 3, 32)
+    torch.testing.assert_close(apply_block(b, x, 0.0, True), b(x))
