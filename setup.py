@@ -1,19 +1,25 @@
 """srvit-backbones: SR-ViT (Soft Mixture-of-Recursions ViT) backbones for dense prediction."""
 import os
+import shutil
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+CONFIG_FOLDERS = ("detectron2_configs", "mmseg_configs")
 
 
-def config_files(folder):
-    """Configs ship inside the package (srvit_backbones/configs/<folder>) so that a
-    non-editable install finds them through `srvit_backbones.config_path`."""
-    out = []
-    for root, _, files in os.walk(os.path.join(HERE, folder)):
-        rel = os.path.relpath(root, HERE)
-        out.append((rel, [os.path.join(rel, f) for f in files if f.endswith(".py")]))
-    return out
+class BuildPyWithConfigs(build_py):
+    """Copy the top-level config folders into the package, so that a regular (non-editable)
+    install finds them through ``srvit_backbones.config_path``."""
+
+    def run(self):
+        super().run()
+        for folder in CONFIG_FOLDERS:
+            target = os.path.join(self.build_lib, "srvit_backbones", "_configs", folder)
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(os.path.join(HERE, folder), target,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 
 setup(
@@ -24,18 +30,15 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=["srvit_backbones", "srvit_backbones.*"]),
-    package_dir={"srvit_backbones": "srvit_backbones"},
-    # detectron2_configs/ and mmseg_configs/ live at the top level for users of the source
-    # tree; setup copies them into the package for installed use.
-    package_data={"srvit_backbones": ["configs/detectron2/*.py", "configs/detectron2/**/*.py",
-                                      "configs/mmseg/*.py", "configs/mmseg/**/*.py"]},
+    cmdclass={"build_py": BuildPyWithConfigs},
     install_requires=["torch>=2.1", "timm>=1.0.9,<1.1"],
     extras_require={
-        "detectron2": ["fvcore", "iopath", "pycocotools", "omegaconf>=2.1,<2.4", "hydra-core",
+        # detectron2 itself is not on PyPI: tools/setup.sh installs it (see README)
+        "detectron2": ["fvcore", "iopath", "pycocotools", "omegaconf>=2.1,<2.4", "hydra-core", "cloudpickle",
                        "tensorboard", "setuptools<81"],
-        "mmseg": ["mmengine>=0.10,<0.11", "mmcv>=2.0.0rc4,<2.2.0", "mmsegmentation==1.2.2",
-                  "mmdet==3.3.0", "ftfy", "regex"],
-        "pretrain": [],
+        # mmcv must be built with its ops: tools/setup.sh does it once per machine
+        "mmseg": ["mmengine>=0.10,<0.11", "mmcv>=2.0.0rc4,<2.2.0", "mmsegmentation==1.2.2", "mmdet==3.3.0",
+                  "ftfy", "regex"],
         "dev": ["pytest", "pytest-timeout", "fvcore", "scikit-image", "matplotlib"],
     },
     entry_points={"console_scripts": ["srvit-collect-env=srvit_backbones.collect_env:main"]},

@@ -15,6 +15,7 @@ from timm.layers import PatchEmbed, resample_abs_pos_embed, trunc_normal_
 from timm.models._features import feature_take_indices
 from timm.models.vision_transformer import Block, init_weights_vit_timm
 
+from ..layer_decay import layer_depth
 from .softmor import SoftMoRUnit
 
 ORGANISATIONS = ("coarse_to_fine", "fine_to_coarse", "coarse_grained", "fine_grained")
@@ -157,6 +158,15 @@ class SRViT(nn.Module):
     @torch.jit.ignore
     def no_weight_decay(self):
         return {"pos_embed", "cls_token", "dist_token"}
+
+    @property
+    def unit_sizes(self) -> List[int]:
+        """Unique blocks per unit, first and last ordinary blocks included."""
+        return [len(unit.blocks) for unit in self.units]
+
+    def get_layer_depth(self, param_name: str, prefix: str = "") -> Tuple[int, int]:
+        """mmpretrain's layer-decay protocol, by the shared-block rule of ``layer_decay``."""
+        return layer_depth(param_name, self.unit_sizes, prefix)
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False):

@@ -1,0 +1,32 @@
+"""Where the shipped Detectron2 / MMSegmentation configs are.
+
+In a source checkout (or an editable install) they are the repository's
+``detectron2_configs/`` and ``mmseg_configs/``; a regular install copies both into
+``srvit_backbones/_configs/`` (see setup.py).
+"""
+import os
+from typing import List, Optional
+
+_FOLDERS = {"detectron2": "detectron2_configs", "mmseg": "mmseg_configs"}
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def config_dir(framework: str) -> str:
+    if framework not in _FOLDERS:
+        raise ValueError(f"framework must be one of {list(_FOLDERS)}, got {framework!r}")
+    folder = _FOLDERS[framework]
+    for candidate in (os.path.join(os.path.dirname(_PACKAGE), folder), os.path.join(_PACKAGE, "_configs", folder)):
+        if os.path.isdir(candidate):
+            return candidate
+    raise FileNotFoundError(f"the {folder}/ folder is neither in the source tree nor in the installed package")
+
+
+def config_path(framework: str, name: str) -> Optional[str]:
+    """Absolute path of a shipped config (``mask_rcnn_srvit_s_t3.py``), or None."""
+    path = os.path.join(config_dir(framework), name)
+    return path if os.path.isfile(path) else None
+
+
+def list_configs(framework: str) -> List[str]:
+    root = config_dir(framework)
+    return sorted(f for f in os.listdir(root) if f.endswith(".py"))

@@ -1,0 +1,45 @@
+"""``train.init_checkpoint`` for SR-ViT: a DetectionCheckpointer that recognises core
+(pretraining / timm DeiT) checkpoints and loads them into the SR-ViT backbone through the
+package's one conversion path (keys mapped, head dropped, position embedding resized),
+logging what did not load. Detectron2's own checkpoints (resume, eval) load as usual.
+"""
+from detectron2.checkpoint import DetectionCheckpointer
+
+from ..checkpoint import extract_state_dict, load_pretrained, read_checkpoint
+from .backbone import SRViTBackbone
+
+_DETECTOR_PREFIXES = ("backbone.", "proposal_generator.", "roi_heads.", "pixel_")
+
+
+def is_core_checkpoint(obj) -> bool:
+    """A checkpoint of the core model (no detector keys, but a ViT's embeddings)."""
+    try:
+        sd = extract_state_dict(obj, prefer_ema=False)
+    except ValueError:
+        return False
+    return "pos_embed" in sd and not any(k.startswith(_DETECTOR_PREFIXES) for k in sd)
+
+
+class SRViTCheckpointer(DetectionCheckpointer):
+    """Args as DetectionCheckpointer; ``prefer_ema`` picks EMA weights of a pretraining
+    checkpoint when present."""
+
+    prefer_ema = False
+
+    def _load_file(self, filename):
+        if filename.endswith((".pth", ".pt", ".bin")):
+            obj = read_checkpoint(filename)
+            if is_core_checkpoint(obj):
+                return {"model": obj, "__srvit_core__": True}
+        return super()._load_file(filename)
+
+    def _load_model(self, checkpoint):
+        if not checkpoint.pop("__srvit_core__", False):
+            return super()._load_model(checkpoint)
+        backbones = [m for m in self.model.modules() if isinstance(m, SRViTBackbone)]
+        if not backbones:
+            raise ValueError("train.init_checkpoint is an SR-ViT checkpoint, but the model has no SRViTBackbone")
+        for backbone in backbones:  # the report (what did not load) goes to the log
+            load_pretrained(backbone.srvit, checkpoint["model"], prefer_ema=self.prefer_ema, log=self.logger)
+        self.logger.info("Detector parts outside the backbone start from their initialisation.")
+        return None

@@ -1,0 +1,124 @@
+#!/usr/bin/env python
+"""Train / evaluate an SR-ViT Mask R-CNN with a LazyConfig, like detectron2's
+``tools/lazyconfig_train_net.py``:
+
+    python tools/train_net.py --config detectron2_configs/mask_rcnn_srvit_s_t3.py --num-gpus 8
+    python tools/train_net.py --config ... --eval-only train.init_checkpoint=output/model_final.pth
+    python tools/train_net.py --config ... --resume                 # continue from output_dir
+    python tools/train_net.py --config ... train.max_iter=1000 dataloader.train.total_batch_size=8
+
+Configs are found by path, or by name through the installed package
+(``--config mask_rcnn_srvit_s_t3.py``). ``train.init_checkpoint`` takes a
+``tools/pretrain.py`` checkpoint, a timm DeiT state dict, or a detectron2 checkpoint.
+"""
+import logging
+import os
+import sys
+
+import torch
+from detectron2.config import LazyConfig, instantiate
+from detectron2.engine import (AMPTrainer, SimpleTrainer, default_argument_parser, default_setup,
+                               default_writers, hooks, launch)
+from detectron2.engine.defaults import create_ddp_model
+from detectron2.evaluation import inference_on_dataset, print_csv_format
+from detectron2.utils import comm
+
+import srvit_backbones
+from srvit_backbones.detectron2 import SRViTCheckpointer
+
+logger = logging.getLogger("srvit.train_net")
+
+
+def resolve_config(path: str) -> str:
+    if os.path.isfile(path):
+        return path
+    packaged = srvit_backbones.config_path("detectron2", path)
+    if packaged is None:
+        sys.exit(f"config {path!r} not found (neither a file nor a packaged config; "
+                 f"packaged: {', '.join(srvit_backbones.list_configs('detectron2'))})")
+    return packaged
+
+
+def check_config(cfg):
+    """Fail early, with the fix, on settings that would fail deep inside detectron2."""
+    if cfg.train.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit("train.device is 'cuda' but no GPU is available: pass train.device=cpu "
+                 "train.amp.enabled=False to run on the CPU")
+    if cfg.train.amp.enabled and not cfg.train.device.startswith("cuda"):
+        sys.exit("train.amp.enabled=True needs a GPU (detectron2's AMPTrainer); pass train.amp.enabled=False")
+    ckpt = cfg.train.init_checkpoint
+    if ckpt and "://" not in ckpt and not os.path.isfile(ckpt):
+        sys.exit(f"train.init_checkpoint={ckpt!r} does not exist: produce it with tools/pretrain.py "
+                 f"(or tools/convert_checkpoint.py), point train.init_checkpoint at it, or set "
+                 f"train.init_checkpoint='' to start from scratch")
+    if not ckpt:
+        logger.warning("train.init_checkpoint is empty: the backbone starts from random initialisation")
+
+
+def ddp_kwargs(cfg):
+    kwargs = dict(cfg.train.ddp)
+    if not cfg.train.device.startswith("cuda"):
+        kwargs["device_ids"] = None  # CPU (gloo) DDP
+        kwargs["fp16_compression"] = False
+    return kwargs
+
+
+def do_test(cfg, model):
+    if "evaluator" in cfg.dataloader:
+        ret = inference_on_dataset(model, instantiate(cfg.dataloader.test), instantiate(cfg.dataloader.evaluator))
+        print_csv_format(ret)
+        return ret
+    return None
+
+
+def do_train(args, cfg):
+    model = instantiate(cfg.model)
+    logger.info("Model:\n%s", model)
+    model.to(cfg.train.device)
+
+    cfg.optimizer.params.model = model
+    optim = instantiate(cfg.optimizer)
+    train_loader = instantiate(cfg.dataloader.train)
+    model = create_ddp_model(model, **ddp_kwargs(cfg))
+    trainer = (AMPTrainer if cfg.train.amp.enabled else SimpleTrainer)(model, train_loader, optim)
+    checkpointer = SRViTCheckpointer(model, cfg.train.output_dir, trainer=trainer)
+    trainer.register_hooks([
+        hooks.IterationTimer(),
+        hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
+        hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if comm.is_main_process() else None,
+        hooks.EvalHook(cfg.train.eval_period, lambda: do_test(cfg, model)),
+        hooks.PeriodicWriter(default_writers(cfg.train.output_dir, cfg.train.max_iter),
+                             period=cfg.train.log_period) if comm.is_main_process() else None,
+    ])
+    checkpointer.resume_or_load(cfg.train.init_checkpoint, resume=args.resume)
+    start_iter = trainer.iter + 1 if args.resume and checkpointer.has_checkpoint() else 0
+    trainer.train(start_iter, cfg.train.max_iter)
+
+
+def main(args):
+    cfg = LazyConfig.load(resolve_config(args.config_file))
+    cfg = LazyConfig.apply_overrides(cfg, args.opts)
+    default_setup(cfg, args)
+    check_config(cfg)
+    if args.eval_only:
+        model = instantiate(cfg.model)
+        model.to(cfg.train.device)
+        model = create_ddp_model(model, **ddp_kwargs(cfg))
+        SRViTCheckpointer(model).load(cfg.train.init_checkpoint)
+        return do_test(cfg, model)
+    do_train(args, cfg)
+
+
+def parse_args(argv=None):
+    parser = default_argument_parser(epilog=__doc__)
+    parser.add_argument("--config", dest="config_file", metavar="FILE", help="alias of --config-file")
+    args = parser.parse_args(argv)
+    if not args.config_file:
+        parser.error("--config (or --config-file) is required")
+    return args
+
+
+if __name__ == "__main__":
+    args = parse_args()
+    launch(main, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
+           dist_url=args.dist_url, args=(args,))
