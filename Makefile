@@ -1,7 +1,8 @@
-# The two commands of the README: `make setup` then `make test`.
+# The README's two commands: `make setup`, then `make test`.
 PY ?= .venv/bin/python
+export OMP_NUM_THREADS ?= 2
 
-.PHONY: setup test collect-env
+.PHONY: setup test collect-env quickstart-detectron2 quickstart-mmseg
 
 setup:
 	bash tools/setup.sh
@@ -12,3 +13,13 @@ test:
 
 collect-env:
 	$(PY) -m srvit_backbones.collect_env
+
+# CPU quickstarts on generated data (no COCO / ADE20K needed)
+quickstart-detectron2:
+	$(PY) tools/make_synthetic_coco.py --root datasets --train 64 --val 16
+	DETECTRON2_DATASETS=datasets $(PY) tools/train_net.py --config detectron2_configs/quickstart/mask_rcnn_srvit_tiny_cpu.py
+
+quickstart-mmseg:
+	$(PY) tools/make_synthetic_ade20k.py --root datasets --train 32 --val 8
+	$(PY) tools/train_seg.py mmseg_configs/quickstart/upernet_srvit_tiny_cpu.py
+	$(PY) tools/test_seg.py mmseg_configs/quickstart/upernet_srvit_tiny_cpu.py output/quickstart_mmseg/iter_200.pth --tta

@@ -15,7 +15,6 @@ import logging
 import os
 import sys
 
-import torch
 from detectron2.config import LazyConfig, instantiate
 from detectron2.engine import (AMPTrainer, SimpleTrainer, default_argument_parser, default_setup,
                                default_writers, hooks, launch)
@@ -24,7 +23,7 @@ from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 
 import srvit_backbones
-from srvit_backbones.detectron2 import SRViTCheckpointer
+from srvit_backbones.detectron2 import SRViTCheckpointer, validate_config
 
 logger = logging.getLogger("srvit.train_net")
 
@@ -41,11 +40,10 @@ def resolve_config(path: str) -> str:
 
 def check_config(cfg):
     """Fail early, with the fix, on settings that would fail deep inside detectron2."""
-    if cfg.train.device.startswith("cuda") and not torch.cuda.is_available():
-        sys.exit("train.device is 'cuda' but no GPU is available: pass train.device=cpu "
-                 "train.amp.enabled=False to run on the CPU")
-    if cfg.train.amp.enabled and not cfg.train.device.startswith("cuda"):
-        sys.exit("train.amp.enabled=True needs a GPU (detectron2's AMPTrainer); pass train.amp.enabled=False")
+    try:
+        validate_config(cfg)
+    except ValueError as e:
+        sys.exit(f"config error: {e}")
     ckpt = cfg.train.init_checkpoint
     if ckpt and "://" not in ckpt and not os.path.isfile(ckpt):
         sys.exit(f"train.init_checkpoint={ckpt!r} does not exist: produce it with tools/pretrain.py "

@@ -6,7 +6,8 @@ LazyConfig users build ``SimpleFeaturePyramid(net=SRViTBackbone(...))`` (see
 """
 from .backbone import SRVIT_PREFIX, SRViTBackbone, srvit_lr_factor_func
 from .checkpoint import SRViTCheckpointer, is_core_checkpoint
+from .validate import validate_config
 from .yacs_config import add_srvit_config, build_srvit_sfp_backbone
 
 __all__ = ["SRViTBackbone", "SRViTCheckpointer", "srvit_lr_factor_func", "add_srvit_config",
-           "build_srvit_sfp_backbone", "is_core_checkpoint", "SRVIT_PREFIX"]
+           "build_srvit_sfp_backbone", "is_core_checkpoint", "SRVIT_PREFIX", "validate_config"]

@@ -1,0 +1,4 @@
+_base_ = './_base_/upernet_srvit_mln_160k_ade20k.py'
+model = dict(backbone=dict(
+    variant='srvit_t_t2',
+    init_cfg=dict(type='Pretrained', checkpoint='pretrained/srvit_t_t2_in1k.pth')))

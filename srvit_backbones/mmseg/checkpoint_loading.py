@@ -1,0 +1,26 @@
+"""Let torch >= 2.6 (``weights_only=True`` by default) load mmengine's own checkpoints.
+
+mmengine saves its ``MessageHub`` (``HistoryBuffer`` objects holding numpy arrays) in every
+checkpoint and loads them with a plain ``torch.load``, so ``--resume``, ``load_from`` and
+``tools/test.py`` fail with "Weights only load failed". Instead of turning the safety check
+off, the few types those checkpoints contain are allow-listed.
+"""
+import numpy as np
+import torch
+from mmengine.logging import HistoryBuffer
+
+
+def _numpy_globals():
+    try:
+        from numpy._core.multiarray import _reconstruct, scalar
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct, scalar
+    dtype_classes = [type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "bool")]
+    return [_reconstruct, scalar, np.ndarray, np.dtype, *dtype_classes]
+
+
+def allow_mmengine_checkpoints():
+    torch.serialization.add_safe_globals([HistoryBuffer, *_numpy_globals()])
+
+
+allow_mmengine_checkpoints()

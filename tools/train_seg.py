@@ -1,0 +1,56 @@
+#!/usr/bin/env python
+"""Train an SR-ViT segmentor with MMSegmentation's Runner; the arguments of mmseg's own
+``tools/train.py``, for users without the mmseg source tree:
+
+    python tools/train_seg.py mmseg_configs/upernet_srvit_s.py
+    torchrun --nproc_per_node 8 tools/train_seg.py mmseg_configs/upernet_srvit_s.py --launcher pytorch
+    python tools/train_seg.py upernet_srvit_s.py --resume     # configs are also found by name
+"""
+import argparse
+import os
+import os.path as osp
+
+from mmengine.config import Config, DictAction
+from mmengine.runner import Runner
+
+from srvit_backbones.mmseg.tools import check_amp, resolve_config
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description="Train a segmentor")
+    parser.add_argument("config", help="train config file path (or the name of a shipped config)")
+    parser.add_argument("--work-dir", help="the dir to save logs and models")
+    parser.add_argument("--resume", action="store_true", default=False,
+                        help="resume from the latest checkpoint in the work_dir automatically")
+    parser.add_argument("--amp", action="store_true", default=False, help="enable automatic-mixed-precision training")
+    parser.add_argument("--cfg-options", nargs="+", action=DictAction,
+                        help="override some settings in the used config, key=value pairs")
+    parser.add_argument("--launcher", choices=["none", "pytorch", "slurm", "mpi"], default="none", help="job launcher")
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=0)
+    args = parser.parse_args(argv)
+    if "LOCAL_RANK" not in os.environ:
+        os.environ["LOCAL_RANK"] = str(args.local_rank)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cfg = Config.fromfile(resolve_config(args.config))
+    cfg.launcher = args.launcher
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get("work_dir", None) is None:
+        cfg.work_dir = osp.join("./work_dirs", osp.splitext(osp.basename(args.config))[0])
+    if args.amp:
+        check_amp()
+        if cfg.optim_wrapper.type != "AmpOptimWrapper":
+            cfg.optim_wrapper.type = "AmpOptimWrapper"
+            cfg.optim_wrapper.loss_scale = "dynamic"
+    cfg.resume = args.resume
+    Runner.from_cfg(cfg).train()
+
+
+if __name__ == "__main__":
+    main()
