@@ -195,11 +195,11 @@ def test_train_eval_resume_end_to_end(coco_root):
     assert "copypaste: Task: bbox" in log and "copypaste: Task: segm" in log
     assert os.path.exists(os.path.join(out, "model_final.pth"))
 
-    proc, log = run_train_net(coco_root, *common, "train.max_iter=18", "train.eval_period=1000", "--resume")
+    proc, log = run_train_net(coco_root, "--resume", *common, "train.max_iter=18", "train.eval_period=1000")
     assert proc.returncode == 0, log[-3000:]
     assert "Starting training from iteration 16" in log
 
-    proc, log = run_train_net(coco_root, *common, "--eval-only",
+    proc, log = run_train_net(coco_root, "--eval-only", *common,
                               f"train.init_checkpoint={os.path.join(out, 'model_final.pth')}")
     assert proc.returncode == 0, log[-3000:]
     assert "copypaste: Task: bbox" in log and "copypaste: Task: segm" in log
@@ -214,12 +214,24 @@ def test_two_process_ddp_on_cpu(coco_root):
     assert "iter: 2" in log
 
 
-def test_train_net_bad_input_is_explained(coco_root, tmp_path):
-    proc, log = run_train_net(coco_root, "train.init_checkpoint=missing.pth")
-    assert proc.returncode != 0 and "train.init_checkpoint='missing.pth' does not exist" in log
-    proc, log = run_train_net(coco_root, "model.backbone.net.variant=srvit_q_t2")
-    assert proc.returncode != 0 and "unknown SR-ViT variant 'srvit_q_t2'" in log
-    proc, log = run_train_net(coco_root, "model.backbone.square_pad=200")
-    assert proc.returncode != 0 and "square_pad=200 is not a multiple of the patch size 16" in log
-    proc, log = run_train_net(coco_root, "model.backbone.square_pad=128")
-    assert proc.returncode != 0 and "larger than model.backbone.square_pad=128" in log
+def load_train_net():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_net", os.path.join(ROOT, "tools", "train_net.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("override,error,match", [
+    ("train.init_checkpoint=missing.pth", SystemExit, "train.init_checkpoint='missing.pth' does not exist"),
+    ("model.backbone.net.variant=srvit_q_t2", ValueError, "unknown SR-ViT variant 'srvit_q_t2'"),
+    ("model.backbone.square_pad=200", SystemExit, "square_pad=200 is not a multiple of the patch size 16"),
+    ("model.backbone.square_pad=128", SystemExit, "256 pixels, larger than model.backbone.square_pad=128"),
+    ("train.amp.enabled=True", SystemExit, "train.amp.enabled=True needs a GPU"),
+])
+def test_train_net_bad_input_is_explained(tmp_path, override, error, match):
+    train_net = load_train_net()
+    args = train_net.parse_args(["--config", QUICKSTART, f"train.output_dir={tmp_path}", override])
+    with pytest.raises(error, match=match):
+        train_net.main(args)

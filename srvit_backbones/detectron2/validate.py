@@ -9,7 +9,8 @@ def _max_image_side(augmentations):
         for key in ("crop_size", "max_size", "target_height", "target_width"):
             value = aug.get(key) if hasattr(aug, "get") else None
             if value is not None:
-                side = max(side, max(value) if isinstance(value, (list, tuple)) else int(value))
+                values = [value] if isinstance(value, (int, float)) else list(value)  # list, tuple, ListConfig
+                side = max(side, *(int(v) for v in values))
     return side
 
 
