@@ -58,10 +58,11 @@ def read_checkpoint(path: str) -> Any:
     except Exception as e:  # pickle.UnpicklingError and friends
         if "Weights only load failed" not in str(e) and "Unsupported global" not in str(e):
             raise
+        unsupported = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
         raise CheckpointError(
-            f"{path} holds Python objects that torch refuses to unpickle safely ({str(e).splitlines()[0]}).\n"
-            f"If you trust the file, re-save only its weights: "
-            f"python tools/convert_checkpoint.py --trust {path} OUT.pth") from None
+            f"{path} holds Python objects ({unsupported.group(1) if unsupported else 'not plain tensors'}) that "
+            f"torch refuses to unpickle safely. If you trust the file, re-save only its weights: "
+            f"python tools/convert_checkpoint.py {path} OUT.pth --model VARIANT --trust") from None
 
 
 def extract_state_dict(obj: Any, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:

@@ -1,0 +1,1 @@
+"""ImageNet pretraining pieces (DeiT recipe) that tools/pretrain.py drives; torch + timm only."""

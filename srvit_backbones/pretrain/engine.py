@@ -1,0 +1,191 @@
+"""Pieces of the ImageNet loop driven by tools/pretrain.py: data, distillation loss, one
+epoch of training, evaluation and checkpoints. Everything that timm already does well
+(transforms, Mixup/CutMix, repeated-augmentation sampler, optimizer and scheduler
+factories, losses, EMA, accuracy) is timm's."""
+import logging
+import math
+import os
+import time
+from contextlib import nullcontext
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.data import FastCollateMixup, Mixup, create_dataset, create_loader, resolve_data_config
+from timm.utils import accuracy
+
+logger = logging.getLogger("srvit.pretrain")
+
+
+def is_main() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def check_image_folder(root: str, split: str) -> str:
+    path = os.path.join(root, split)
+    if not os.path.isdir(path):
+        raise SystemExit(f"dataset folder {path!r} does not exist: --data must contain train/ and val/ "
+                         f"(ImageFolder layout: one sub-folder of images per class)")
+    classes = [d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))]
+    if not classes:
+        raise SystemExit(f"{path!r} has no class folders: expected {path}/<class>/<image>.jpg")
+    return path
+
+
+def mixup_args(args, num_classes):
+    if args.mixup <= 0 and args.cutmix <= 0:
+        return None
+    return dict(mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, label_smoothing=args.smoothing,
+                num_classes=num_classes)
+
+
+def build_loaders(args, model, distributed: bool):
+    """ImageFolder train/val loaders with timm's transforms (RandAugment, random erasing,
+    bicubic, eval crop ratio), sampler and, on the GPU, its prefetcher."""
+    train_set = create_dataset("", root=check_image_folder(args.data, "train"), is_training=True)
+    val_set = create_dataset("", root=check_image_folder(args.data, "val"), is_training=False)
+    num_classes = len(train_set.reader.class_to_idx)
+    data_cfg = resolve_data_config(dict(input_size=(3, args.input_size, args.input_size),
+                                        crop_pct=args.crop_pct, interpolation="bicubic"), model=model)
+    world = dist.get_world_size() if distributed else 1
+    if args.batch_size % world:
+        raise SystemExit(f"--batch-size {args.batch_size} is not divisible by the {world} processes")
+    use_prefetcher = args.device.startswith("cuda")
+    aug_repeats = args.aug_repeats if distributed else 0
+    if args.aug_repeats and not distributed:
+        logger.warning("repeated augmentation (--aug-repeats %d) needs a distributed run (timm's RepeatAugSampler); "
+                       "this single-process run uses 0. Launch with torchrun to enable it.", args.aug_repeats)
+    margs = mixup_args(args, num_classes)
+    collate_fn, mixup_fn = None, None
+    if margs is not None:
+        if use_prefetcher:
+            collate_fn = FastCollateMixup(**margs)
+        else:
+            mixup_fn = Mixup(**margs)
+    device = torch.device(args.device)
+    common = dict(input_size=data_cfg["input_size"], mean=data_cfg["mean"], std=data_cfg["std"],
+                  interpolation="bicubic", num_workers=args.workers, distributed=distributed,
+                  use_prefetcher=use_prefetcher, device=device, persistent_workers=args.workers > 0,
+                  pin_memory=use_prefetcher)
+    train_loader = create_loader(train_set, batch_size=args.batch_size // world, is_training=True,
+                                 auto_augment=args.auto_augment, re_prob=args.reprob, re_mode="pixel",
+                                 num_aug_repeats=aug_repeats, collate_fn=collate_fn, **common)
+    val_loader = create_loader(val_set, batch_size=max(1, args.batch_size // world), is_training=False,
+                               crop_pct=data_cfg["crop_pct"], **common)
+    return train_loader, val_loader, mixup_fn, num_classes
+
+
+class HardDistillationLoss(nn.Module):
+    """DeiT hard distillation: half the base loss on the class token's logits, half the
+    cross-entropy of the distillation token's logits against the teacher's argmax."""
+
+    def __init__(self, base_criterion: nn.Module, teacher: nn.Module):
+        super().__init__()
+        self.base_criterion = base_criterion
+        self.teacher = teacher
+
+    def forward(self, inputs, outputs, targets):
+        logits, logits_dist = outputs
+        with torch.no_grad():
+            teacher_labels = self.teacher(inputs).argmax(dim=1)
+        return 0.5 * self.base_criterion(logits, targets) + 0.5 * F.cross_entropy(logits_dist, teacher_labels)
+
+
+def autocast(args):
+    if args.amp == "none" or not args.device.startswith("cuda"):
+        return nullcontext()
+    return torch.autocast("cuda", dtype=torch.bfloat16 if args.amp == "bf16" else torch.float16)
+
+
+def train_one_epoch(epoch, model, loader, optimizer, criterion, scheduler, args, loss_scaler=None,
+                    mixup_fn=None, model_ema=None, distill=False, state=None):
+    model.train()
+    device = torch.device(args.device)
+    n_iters = len(loader) if not args.max_iters_per_epoch else min(len(loader), args.max_iters_per_epoch)
+    total_iters = n_iters * args.epochs
+    start = time.time()
+    seen = 0
+    for i, (images, targets) in enumerate(loader):
+        if i >= n_iters:
+            break
+        images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        if mixup_fn is not None:
+            images, targets = mixup_fn(images, targets)
+        with autocast(args):
+            outputs = model(images)
+            loss = criterion(images, outputs, targets) if distill else criterion(outputs, targets)
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError(f"loss is {loss.item()} at epoch {epoch} iteration {i}; lower --lr or use "
+                                     f"--amp bf16 / --clip-grad")
+        optimizer.zero_grad(set_to_none=True)
+        if loss_scaler is not None:
+            loss_scaler(loss, optimizer, clip_grad=args.clip_grad, parameters=model.parameters())
+        else:
+            loss.backward()
+            if args.clip_grad:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
+            optimizer.step()
+        if model_ema is not None:
+            model_ema.update(model)
+        state["global_iter"] += 1
+        scheduler.step_update(num_updates=state["global_iter"])
+        seen += images.shape[0]
+        if is_main() and ((i + 1) % args.log_interval == 0 or i + 1 == n_iters):
+            elapsed = time.time() - start
+            world = dist.get_world_size() if dist.is_initialized() else 1
+            remaining = (total_iters - state["global_iter"]) * elapsed / (i + 1)
+            logger.info("epoch %d [%d/%d] loss %.4f lr %.3e %.1f img/s eta %s", epoch, i + 1, n_iters, loss.item(),
+                        optimizer.param_groups[0]["lr"], seen * world / elapsed,
+                        time.strftime("%H:%M:%S", time.gmtime(remaining)))
+    return loss.item()
+
+
+@torch.no_grad()
+def evaluate(model, loader, args, max_iters: Optional[int] = None):
+    model.eval()
+    device = torch.device(args.device)
+    correct1 = correct5 = total = 0.0
+    for i, (images, targets) in enumerate(loader):
+        if max_iters and i >= max_iters:
+            break
+        images, targets = images.to(device), targets.to(device)
+        with autocast(args):
+            output = model(images)
+        k = min(5, output.shape[1])
+        acc1, acc5 = accuracy(output.float(), targets, topk=(1, k))
+        correct1 += acc1.item() * images.shape[0]
+        correct5 += acc5.item() * images.shape[0]
+        total += images.shape[0]
+    stats = torch.tensor([correct1, correct5, total], device=device)
+    if dist.is_initialized():
+        dist.all_reduce(stats)
+    c1, c5, n = stats.tolist()
+    return {"top1": c1 / max(n, 1), "top5": c5 / max(n, 1), "images": int(n)}
+
+
+def save_checkpoint(path, model, optimizer, scheduler, loss_scaler, epoch, best_top1, args, model_ema=None):
+    """Tensors and plain containers only: loads under torch's weights_only=True."""
+    ckpt = {
+        "model": unwrap(model).state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "epoch": epoch,
+        "best_top1": best_top1,
+        "variant": args.model,
+        "num_classes": unwrap(model).num_classes,
+        "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))},
+    }
+    if loss_scaler is not None:
+        ckpt["scaler"] = loss_scaler.state_dict()
+    if model_ema is not None:
+        ckpt["model_ema"] = unwrap(model_ema.module).state_dict()
+    tmp = path + ".tmp"
+    torch.save(ckpt, tmp)
+    os.replace(tmp, path)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    model = getattr(model, "module", model)  # DDP
+    return getattr(model, "_orig_mod", model)  # torch.compile
