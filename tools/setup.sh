@@ -44,9 +44,13 @@ fi
   || { echo "[setup] Python >= 3.9 is required" >&2; false; }
 PIP=("$PY" -m pip --disable-pip-version-check)
 have() { "$PY" -c "$1" >/dev/null 2>&1; }
+# what is already there (package metadata only: fast); refreshed after each install
+status() { STATUS="$("$PY" "$REPO/tools/env_status.py" "$REPO" 2>/dev/null || true)"; }
+present() { grep -qx "$1=ok" <<<"$STATUS"; }
+status
 
 step "torch ${TORCH_PINS[*]}"
-if have 'import torch, torchvision; assert torch.__version__.split("+")[0] == "2.14.1" and torchvision.__version__.split("+")[0] == "0.29.1"'; then
+if present torch; then
   echo "[setup] torch already present"
 else
   "${PIP[@]}" install "${TORCH_PINS[@]}"
@@ -55,7 +59,7 @@ fi
 step "python requirements"
 REQ_STAMP="$("$PY" -c 'import sys,hashlib; print(hashlib.sha1(open(sys.argv[1],"rb").read()+open(sys.argv[2],"rb").read()).hexdigest())' "$REPO/tools/requirements.txt" "$CONSTRAINTS")"
 STAMP_FILE="$("$PY" -c 'import sys; print(sys.prefix)')/.srvit_requirements_stamp"
-if [[ -f "$STAMP_FILE" && "$(cat "$STAMP_FILE")" == "$REQ_STAMP" ]] && have 'import timm, fvcore, mmengine, pycocotools, pytest'; then
+if [[ -f "$STAMP_FILE" && "$(cat "$STAMP_FILE")" == "$REQ_STAMP" ]]; then
   echo "[setup] requirements already installed"
 else
   "${PIP[@]}" install -c "$CONSTRAINTS" "${TORCH_PINS[@]}" -r "$REPO/tools/requirements.txt"
@@ -63,8 +67,8 @@ else
 fi
 
 step "detectron2"
-if have 'import detectron2, detectron2.modeling.backbone.vit, detectron2.model_zoo'; then
-  echo "[setup] detectron2 already importable: $("$PY" -c 'import detectron2; print(detectron2.__version__, detectron2.__file__)')"
+if present detectron2; then
+  echo "[setup] detectron2 already installed (collect_env below shows which)"
 else
   installed=""
   if [[ "${SRVIT_SKIP_DETECTRON2_GIT:-0}" != "1" ]] && \
@@ -98,7 +102,7 @@ else
 fi
 
 step "mmcv $MMCV_VERSION with compiled ops"
-if have "import mmcv, mmcv.ops; assert mmcv.__version__ == '$MMCV_VERSION'"; then
+if present mmcv; then
   echo "[setup] mmcv $MMCV_VERSION with ops already present"
 else
   # The wheel is keyed by the torch it was built against so that a cache from another
@@ -121,14 +125,14 @@ else
 fi
 
 step "mmsegmentation 1.2.2 and mmdet 3.3.0"
-if have 'import mmseg, mmdet; assert mmseg.__version__ == "1.2.2" and mmdet.__version__ == "3.3.0"'; then
+if present mmseg; then
   echo "[setup] mmsegmentation and mmdet already present"
 else
   "${PIP[@]}" install -c "$CONSTRAINTS" "${TORCH_PINS[@]}" mmsegmentation==1.2.2 mmdet==3.3.0
 fi
 
 step "srvit_backbones (editable)"
-if "$PY" -c 'import srvit_backbones, os, sys; sys.exit(0 if os.path.samefile(os.path.dirname(srvit_backbones.__file__), sys.argv[1]) else 1)' "$REPO/srvit_backbones" >/dev/null 2>&1; then
+if present srvit; then
   echo "[setup] srvit_backbones already installed from $REPO"
 else
   "${PIP[@]}" install --no-deps --no-build-isolation -e "$REPO"
