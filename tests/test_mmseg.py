@@ -69,6 +69,8 @@ def test_backbone_outputs_recursive_units_as_nchw_maps():
     assert [o.shape for o in outs] == [(2, 64, 4, 6)] * 4
     deit = MODELS.build(dict(type="SRViT", variant="srvit_deit_s", img_size=64))
     assert deit.out_indices == [2, 5, 8, 11]
+    tiny = MODELS.build(dict(type="SRViT", variant="srvit_t_t2", img_size=64))
+    assert tiny.out_indices == [1, 2, 3, 4]  # three recursive units + the last block
 
 
 def test_bad_backbone_input_is_explained(tmp_path):
@@ -150,9 +152,9 @@ def scalars(work_dir):
     return [json.loads(line) for f in files for line in open(f)]
 
 
-SMALL = ["train_cfg.max_iters=12", "train_cfg.val_interval=12", "default_hooks.logger.interval=2",
-         "default_hooks.checkpoint.interval=12", "train_dataloader.batch_size=2",
-         "param_scheduler.0.end=2", "param_scheduler.1.begin=2", "param_scheduler.1.end=12"]
+SMALL = ["train_cfg.max_iters=24", "train_cfg.val_interval=24", "default_hooks.logger.interval=2",
+         "default_hooks.checkpoint.interval=24", "train_dataloader.batch_size=2",
+         "param_scheduler.0.end=2", "param_scheduler.1.begin=2", "param_scheduler.1.end=24"]
 
 
 def test_mmseg_own_train_test_and_resume(seg_root):
@@ -162,20 +164,20 @@ def test_mmseg_own_train_test_and_resume(seg_root):
     assert proc.returncode == 0, log[-3000:]
     losses = [s["loss"] for s in scalars(work) if "loss" in s]
     assert len(losses) >= 5 and all(torch.isfinite(torch.tensor(losses)))
-    assert sum(losses[-2:]) < sum(losses[:2]), losses
-    assert "mIoU" in log and os.path.exists(os.path.join(work, "iter_12.pth"))
+    assert sum(losses[-3:]) < sum(losses[:3]), losses
+    assert "mIoU" in log and os.path.exists(os.path.join(work, "iter_24.pth"))
 
-    resumed = [o.replace("max_iters=12", "max_iters=14").replace("end=12", "end=14") for o in SMALL]
+    resumed = [o.replace("max_iters=24", "max_iters=26").replace("end=24", "end=26") for o in SMALL]
     proc, log = run(seg_root, os.path.join(MMSEG_TOOLS, "train.py"), QUICKSTART, "--work-dir", work, "--resume",
                     "--cfg-options", *resumed, "train_cfg.val_interval=1000")
     assert proc.returncode == 0, log[-3000:]
-    assert "resumed" in log.lower() and "Iter(train) [14/14]" in log
+    assert "resumed" in log.lower() and "Iter(train) [26/26]" in log
 
-    proc, log = run(seg_root, os.path.join(MMSEG_TOOLS, "test.py"), QUICKSTART, os.path.join(work, "iter_12.pth"),
+    proc, log = run(seg_root, os.path.join(MMSEG_TOOLS, "test.py"), QUICKSTART, os.path.join(work, "iter_24.pth"),
                     "--work-dir", work)
     assert proc.returncode == 0, log[-3000:]
     assert "mIoU" in log
-    proc, log = run(seg_root, os.path.join(MMSEG_TOOLS, "test.py"), QUICKSTART, os.path.join(work, "iter_12.pth"),
+    proc, log = run(seg_root, os.path.join(MMSEG_TOOLS, "test.py"), QUICKSTART, os.path.join(work, "iter_24.pth"),
                     "--work-dir", work, "--tta")
     assert proc.returncode == 0, log[-3000:]
     assert "mIoU" in log
@@ -183,7 +185,7 @@ def test_mmseg_own_train_test_and_resume(seg_root):
 
 def test_our_train_seg_and_test_seg(seg_root):
     work = str(seg_root / "ours")
-    options = [o.replace("max_iters=12", "max_iters=4").replace("end=12", "end=4").replace("interval=12", "interval=4")
+    options = [o.replace("max_iters=24", "max_iters=4").replace("end=24", "end=4").replace("interval=24", "interval=4")
                for o in SMALL]
     proc, log = run(seg_root, os.path.join(ROOT, "tools", "train_seg.py"), QUICKSTART, "--work-dir", work,
                     "--cfg-options", *options)
@@ -195,3 +197,14 @@ def test_our_train_seg_and_test_seg(seg_root):
     assert "mIoU" in log
     proc, log = run(seg_root, os.path.join(ROOT, "tools", "test_seg.py"), QUICKSTART, "missing.pth")
     assert proc.returncode != 0 and "checkpoint 'missing.pth' does not exist" in log
+
+
+def test_checkpoint_allow_list_is_narrow():
+    from mmengine.logging import HistoryBuffer
+
+    from srvit_backbones.mmseg.checkpoint_loading import history_buffer_attribute
+
+    assert history_buffer_attribute(HistoryBuffer, "min") is HistoryBuffer.min
+    for obj, name in ((HistoryBuffer, "__init__"), (os, "system"), (HistoryBuffer, "_statistics_methods")):
+        with pytest.raises(Exception, match="refusing getattr"):
+            history_buffer_attribute(obj, name)

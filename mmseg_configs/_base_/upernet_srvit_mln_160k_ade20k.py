@@ -19,7 +19,10 @@ data_preprocessor = dict(
     bgr_to_rgb=True,
     pad_val=0,
     seg_pad_val=255,
-    size=crop_size)
+    size=crop_size,
+    # SR-ViT takes sides that are multiples of its patch size: test images are padded
+    # (and the prediction cropped back) instead of being resized
+    test_cfg=dict(size_divisor=16))
 model = dict(
     type='EncoderDecoder',
     data_preprocessor=data_preprocessor,
@@ -30,8 +33,7 @@ model = dict(
         out_indices=None,  # the four recursive units (R4, R3, R2, R1)
         drop_path_rate=0.1,
         with_cp=False,
-        interpolate_mode='bicubic',
-        init_cfg=None),  # variant configs: dict(type='Pretrained', checkpoint=...)
+        interpolate_mode='bicubic'),  # variant configs add init_cfg=dict(type='Pretrained', ...)
     # Neck and head widths as in the paper's Table 4 model sizes: MLN out_channels = the
     # backbone width and 256-channel UPerHead/FCN heads give the paper's 36.9M for DeiT-S
     # (mmseg's stock 512-channel UPerHead would give 58.0M).

@@ -10,7 +10,7 @@ data_root = 'datasets/ade/ADEChallengeData2016'
 
 model = dict(
     data_preprocessor=dict(size=crop_size),
-    backbone=dict(variant='srvit_t_t2', img_size=crop_size, embed_dim=embed_dim, num_heads=2,
+    backbone=dict(variant='srvit_t_t2', out_indices=(1, 2, 3, 4), img_size=crop_size, embed_dim=embed_dim, num_heads=2,
                   drop_path_rate=0.0),
     neck=dict(in_channels=[embed_dim] * 4, out_channels=embed_dim),
     decode_head=dict(in_channels=[embed_dim] * 4, channels=32, pool_scales=(1, 2), norm_cfg=norm_cfg),

@@ -18,7 +18,8 @@ class SRViTBackbone(BaseModule):
         variant: a named SR-ViT variant (``srvit_s_t3``, ``srvit_deit_s``, ...).
         img_size: size of the position-embedding table (the crop size, 512 on ADE20K).
         out_indices: units whose outputs are returned (NCHW, stride 16). Default: the
-            recursive units (R4, R3, R2, R1), or layers 3/6/9/12 for DeiT.
+            recursive units (R4, R3, R2, R1), or layers 3/6/9/12 for DeiT; SR-ViT-T's three
+            recursive units are followed by its last block to make the four maps UPerNet takes.
         drop_path_rate: stochastic depth over the effective depth.
         with_cp: checkpoint every block application (non-reentrant).
         interpolate_mode: how the position embedding is resized at run time.
@@ -40,7 +41,9 @@ class SRViTBackbone(BaseModule):
         self.srvit.set_grad_checkpointing(with_cp)
         args = dict(variant_args(variant), **overrides)
         if out_indices is None:
-            out_indices = default_out_indices(args)
+            out_indices = list(default_out_indices(args))
+            if len(out_indices) < 4:  # SR-ViT-T has three recursive units: add the last block
+                out_indices.append(len(self.srvit.units) - 1)
         self.out_indices = self.srvit._check_indices(list(out_indices))
         self.prefer_ema = prefer_ema
 

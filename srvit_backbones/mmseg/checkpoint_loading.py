@@ -3,8 +3,12 @@
 mmengine saves its ``MessageHub`` (``HistoryBuffer`` objects holding numpy arrays) in every
 checkpoint and loads them with a plain ``torch.load``, so ``--resume``, ``load_from`` and
 ``tools/test.py`` fail with "Weights only load failed". Instead of turning the safety check
-off, the few types those checkpoints contain are allow-listed.
+off, the few types those checkpoints contain are allow-listed. HistoryBuffer's statistics
+methods are pickled as ``getattr(HistoryBuffer, 'min')``: instead of allowing ``getattr``
+itself, the pickle's ``getattr`` is mapped to a function that only resolves those methods.
 """
+import pickle
+
 import numpy as np
 import torch
 from mmengine.logging import HistoryBuffer
@@ -19,8 +23,16 @@ def _numpy_globals():
     return [_reconstruct, scalar, np.ndarray, np.dtype, *dtype_classes]
 
 
+def history_buffer_attribute(obj, name):
+    """The only ``getattr`` an mmengine checkpoint needs: a HistoryBuffer method."""
+    if obj is HistoryBuffer and not name.startswith("_") and callable(getattr(HistoryBuffer, name, None)):
+        return getattr(HistoryBuffer, name)
+    raise pickle.UnpicklingError(f"refusing getattr({obj!r}, {name!r}) while loading a checkpoint")
+
+
 def allow_mmengine_checkpoints():
-    torch.serialization.add_safe_globals([HistoryBuffer, *_numpy_globals()])
+    torch.serialization.add_safe_globals([HistoryBuffer, *_numpy_globals(),
+                                          (history_buffer_attribute, "builtins.getattr")])
 
 
 allow_mmengine_checkpoints()
