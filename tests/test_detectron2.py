@@ -129,12 +129,12 @@ def test_pretraining_checkpoint_loads_into_the_detector(tmp_path, caplog):
     model = instantiate(cfg.model).eval()
     SRViTCheckpointer(model).load(path)
     backbone = model.backbone.net.srvit
-    assert backbone.pos_embed.shape == (1, 16 * 16 + 1, 64)
+    assert backbone.pos_embed.shape == (1, 12 * 12 + 1, 64)
     resized = srvit_backbones.checkpoint.adapt_pos_embed(core.pos_embed.detach(), backbone)
     torch.testing.assert_close(backbone.pos_embed.detach(), resized)
     # same weights landed: the backbone's features equal the core model's on the same input
     core.eval()
-    x = torch.randn(1, 3, 256, 256)
+    x = torch.randn(1, 3, 192, 192)
     with torch.no_grad():
         torch.testing.assert_close(model.backbone.net(x)["last_feat"],
                                    _core_with_table(core, backbone).forward_feature_maps(x)["last_feat"])
@@ -142,7 +142,7 @@ def test_pretraining_checkpoint_loads_into_the_detector(tmp_path, caplog):
 
 def _core_with_table(core, backbone):
     """The core model with the detector's resized position table (what loading should do)."""
-    ref = create_srvit("srvit_t_t2", embed_dim=64, num_heads=2, img_size=256, num_classes=core.num_classes).eval()
+    ref = create_srvit("srvit_t_t2", embed_dim=64, num_heads=2, img_size=192, num_classes=core.num_classes).eval()
     sd = core.state_dict()
     sd["pos_embed"] = backbone.pos_embed.detach().clone()
     ref.load_state_dict(sd)
@@ -227,7 +227,7 @@ def load_train_net():
     ("train.init_checkpoint=missing.pth", SystemExit, "train.init_checkpoint='missing.pth' does not exist"),
     ("model.backbone.net.variant=srvit_q_t2", ValueError, "unknown SR-ViT variant 'srvit_q_t2'"),
     ("model.backbone.square_pad=200", SystemExit, "square_pad=200 is not a multiple of the patch size 16"),
-    ("model.backbone.square_pad=128", SystemExit, "256 pixels, larger than model.backbone.square_pad=128"),
+    ("model.backbone.square_pad=128", SystemExit, "192 pixels, larger than model.backbone.square_pad=128"),
     ("train.amp.enabled=True", SystemExit, "train.amp.enabled=True needs a GPU"),
 ])
 def test_train_net_bad_input_is_explained(tmp_path, override, error, match):

@@ -1,13 +1,13 @@
 """A small SR-ViT Mask R-CNN that trains and evaluates on the CPU in a few minutes on the
 synthetic shapes of tools/make_synthetic_coco.py (DETECTRON2_DATASETS=datasets). The same
-recipe as the paper configs, at a tiny scale: 256x256 LSJ, a 64-wide SR-ViT (T=2), 64-channel
+recipe as the paper configs, at a tiny scale: 192x192 LSJ, a 64-wide SR-ViT (T=2), 64-channel
 pyramid and heads."""
 import detectron2.data.transforms as T
 from detectron2.config import LazyCall as L
 
 from ..common.mask_rcnn_srvit import dataloader, lr_multiplier, model, optimizer, train
 
-image_size = 256
+image_size = 192
 model.backbone.net.update(variant="srvit_t_t2", img_size=image_size, embed_dim=64, num_heads=2,
                           drop_path_rate=0.0)
 model.backbone.square_pad = image_size
@@ -34,11 +34,11 @@ dataloader.test.num_workers = 1
 
 train.device = "cpu"
 train.amp.enabled = False
-train.max_iter = 600
-train.eval_period = 600
-train.checkpointer.period = 300
+train.max_iter = 300
+train.eval_period = 300
+train.checkpointer.period = 150
 train.log_period = 20
 train.output_dir = "output/quickstart_detectron2"
 train.init_checkpoint = ""
 optimizer.lr = 4e-4
-lr_multiplier.warmup_length = 50 / train.max_iter
+lr_multiplier.warmup_length = 30 / train.max_iter
