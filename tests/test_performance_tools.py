@@ -1,0 +1,66 @@
+"""torch.compile of the core model, the mixture visualisation, and the benchmark tool
+(which is exercised, never timed, here)."""
+import importlib.util
+import json
+import os
+
+import torch
+import torch._dynamo
+
+from srvit_backbones import SRViT
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_torch_compile_matches_eager_and_does_not_recompile():
+    torch.manual_seed(0)
+    model = SRViT(img_size=32, embed_dim=32, num_heads=2, layout=(2, 1), num_steps=3, num_classes=4,
+                  zero_init_recursion=False)
+    model.set_grad_checkpointing(True)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager")
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(compiled(x), model(x))
+    compiled(x).sum().backward()  # first training step compiles
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model(x).sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, msg=n)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(3):  # later steps reuse the graph
+            compiled(torch.randn(2, 3, 32, 32)).sum().backward()
+
+
+def test_visualize_mixture_writes_png_and_weights_sum_to_one(tmp_path):
+    out = tmp_path / "mix.png"
+    weights = load("visualize_mixture").main(["--model", "srvit_t_t3", "--size", "64", "--unit", "2",
+                                              "--out", str(out)])
+    assert out.exists() and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert weights.shape == (3, 4, 4)
+    torch.testing.assert_close(weights.sum(0), torch.ones(4, 4))
+    assert weights.std() > 0  # a random router: the steps get different weights
+
+
+def test_benchmark_tool_runs_and_records_its_command(tmp_path):
+    path = tmp_path / "bench.json"
+    argv = ["--model", "srvit_t_t2", "--size", "32", "--batch-size", "2", "--warmup", "1", "--repeats", "2",
+            "--references", "vit_same_depth", "--modes", "infer", "train", "--grad-checkpointing", "both",
+            "--json", str(path)]
+    result = load("benchmark").main(argv)
+    saved = json.loads(path.read_text())
+    assert saved["rows"] == result["rows"] and "srvit_t_t2" in saved["command"]
+    kinds = {(r["kind"], r["mode"], r["grad_checkpointing"]) for r in saved["rows"]}
+    assert kinds == {("srvit", "infer", False), ("vit_same_depth", "infer", False), ("srvit", "train", False),
+                     ("srvit", "train", True), ("vit_same_depth", "train", False), ("vit_same_depth", "train", True)}
+    vit = [r for r in saved["rows"] if r["kind"] == "vit_same_depth"][0]
+    assert abs(vit["params_m"] - (14 * 1.7745 + 0.3)) < 0.2  # D_eff = 14 blocks of width 384 + embeddings
+    for r in saved["rows"]:
+        assert len(r["times_s"]) == 2 and r["median_s"] > 0 and r["peak_mib"] >= 0
