@@ -9,7 +9,7 @@ Used by timm (``checkpoint_filter_fn``), Detectron2 and MMSegmentation alike.
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Union
 
 import torch
 import torch.nn as nn

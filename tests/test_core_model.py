@@ -343,6 +343,11 @@ def test_timm_checkpoint_filter_resizes_pos_embed(tmp_path):
     torch.testing.assert_close(big.pos_embed.data, ref)
 
 
+def test_attention_is_fused_sdpa():
+    model = tiny()
+    assert all(b.attn.fused_attn for u in model.units for b in u.blocks)  # F.scaled_dot_product_attention
+
+
 def test_block_application_with_zero_drop_path_equals_block():
     b = blocks(1)[0]
     x = torch.randn(2, 3, 32)

@@ -5,13 +5,12 @@
     python tools/test_seg.py ... --tta          # multi-scale (0.5-1.75) + flip
 """
 import argparse
-import os
 import os.path as osp
 
-from mmengine.config import Config, DictAction
+from mmengine.config import DictAction
 from mmengine.runner import Runner
 
-from srvit_backbones.mmseg.tools import resolve_config
+from srvit_backbones.mmseg.tools import load_config
 
 
 def parse_args(argv=None):
@@ -26,24 +25,14 @@ def parse_args(argv=None):
     parser.add_argument("--launcher", choices=["none", "pytorch", "slurm", "mpi"], default="none", help="job launcher")
     parser.add_argument("--tta", action="store_true", help="test time augmentation (multi-scale + flip)")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=0)
-    args = parser.parse_args(argv)
-    if "LOCAL_RANK" not in os.environ:
-        os.environ["LOCAL_RANK"] = str(args.local_rank)
-    return args
+    return parser.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
     if not osp.isfile(args.checkpoint):
         raise SystemExit(f"checkpoint {args.checkpoint!r} does not exist")
-    cfg = Config.fromfile(resolve_config(args.config))
-    cfg.launcher = args.launcher
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get("work_dir", None) is None:
-        cfg.work_dir = osp.join("./work_dirs", osp.splitext(osp.basename(args.config))[0])
+    cfg = load_config(args)
     cfg.load_from = args.checkpoint
     if args.show_dir:
         cfg.default_hooks.visualization.update(draw=True, show=False, img_dir=args.show_dir)

@@ -7,13 +7,11 @@
     python tools/train_seg.py upernet_srvit_s.py --resume     # configs are also found by name
 """
 import argparse
-import os
-import os.path as osp
 
-from mmengine.config import Config, DictAction
+from mmengine.config import DictAction
 from mmengine.runner import Runner
 
-from srvit_backbones.mmseg.tools import check_amp, resolve_config
+from srvit_backbones.mmseg.tools import check_amp, load_config
 
 
 def parse_args(argv=None):
@@ -27,22 +25,12 @@ def parse_args(argv=None):
                         help="override some settings in the used config, key=value pairs")
     parser.add_argument("--launcher", choices=["none", "pytorch", "slurm", "mpi"], default="none", help="job launcher")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=0)
-    args = parser.parse_args(argv)
-    if "LOCAL_RANK" not in os.environ:
-        os.environ["LOCAL_RANK"] = str(args.local_rank)
-    return args
+    return parser.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    cfg = Config.fromfile(resolve_config(args.config))
-    cfg.launcher = args.launcher
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get("work_dir", None) is None:
-        cfg.work_dir = osp.join("./work_dirs", osp.splitext(osp.basename(args.config))[0])
+    cfg = load_config(args)
     if args.amp:
         check_amp()
         if cfg.optim_wrapper.type != "AmpOptimWrapper":

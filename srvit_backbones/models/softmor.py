@@ -1,6 +1,6 @@
 """The SoftMoR unit (paper Algorithm 1): K shared blocks applied for T recursion steps,
 mixed token-wise by a soft router computed on the unit's input."""
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import torch
 import torch.nn as nn
