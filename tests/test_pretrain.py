@@ -156,3 +156,19 @@ def test_convert_checkpoint_keeps_ema_and_resizes(tmp_path):
     with pytest.raises(ValueError, match=r"argparse.Namespace.*refuses to unpickle safely.*--trust"):
         tool.main([str(tmp_path / "pickled.pth"), str(tmp_path / "o2.pth"), "--model", "srvit_t_t2"])
     tool.main([str(tmp_path / "pickled.pth"), str(tmp_path / "o2.pth"), "--model", "srvit_t_t2", "--trust"])
+
+
+def test_torchrun_two_processes_with_repeated_augmentation(image_folder, tmp_path):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
+           os.path.join(ROOT, "tools", "pretrain.py"), *tiny_args(image_folder, tmp_path, "--epochs", "1",
+                                                                  "--device", "cpu")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    assert "repeated augmentation" not in log  # on: the sampler is timm's RepeatAugSampler
+    assert "top-1" in log and "(6 images)" in log  # evaluation reduced over both processes
+    assert torch.load(tmp_path / "last.pth", weights_only=True)["epoch"] == 0
