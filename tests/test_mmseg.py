@@ -103,7 +103,7 @@ def test_pretrained_checkpoint_loads_with_resized_pos_embed(tmp_path):
     x = torch.randn(1, 3, 128, 128)
     with torch.no_grad():
         outs = backbone(x)
-        feats = ref.forward_feature_maps(x)
+        feats = ref.forward_feature_maps(x, indices=backbone.out_indices)
     for i, out in zip(backbone.out_indices, outs):
         torch.testing.assert_close(out, feats[f"unit{i}"])
 
