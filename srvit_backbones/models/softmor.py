@@ -139,8 +139,9 @@ class SoftMoRUnit(nn.Module):
             if t > 0 and self.step_transforms is not None:
                 h = h + self.step_transforms[t - 1](h)
             h = self._run_blocks(h, t)
-            contribution = weights[..., t : t + 1] * h
-            y = contribution if y is None else y + contribution
+            # accumulate the mixture in one fused op (no per-step product tensor is kept)
+            w_t = weights[..., t : t + 1]
+            y = w_t * h if y is None else torch.addcmul(y, w_t, h)
         if return_weights:
             return y, (one_hot if self.aggregation == "hard" else alpha)
         return y
