@@ -91,6 +91,20 @@ def test_soft_mixture_matches_algorithm_1():
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 6))
 
 
+def test_soft_mixture_gradients_match_algorithm_1():
+    """The mixture is accumulated in place; its gradients must be those of the plain
+    stack-and-sum formulation, for the input and every parameter."""
+    unit = randomize(SoftMoRUnit(blocks(2), num_steps=3))
+    x = torch.randn(2, 6, 32, requires_grad=True)
+    grad_out = torch.randn(2, 6, 32)
+    ref = (_step_outputs(unit, x) * torch.softmax(unit.router(x), dim=-1).unsqueeze(2)).sum(-1)
+    wrt = [x] + list(unit.parameters())
+    expected = torch.autograd.grad(ref, wrt, grad_out)
+    actual = torch.autograd.grad(unit(x), wrt, grad_out)
+    for name, a, e in zip(["input"] + [n for n, _ in unit.named_parameters()], actual, expected):
+        torch.testing.assert_close(a, e, msg=name)
+
+
 def test_hard_picks_each_tokens_argmax_step():
     unit = randomize(SoftMoRUnit(blocks(1), num_steps=4, aggregation="hard"))
     x = torch.randn(3, 9, 32)

@@ -4,6 +4,7 @@ import importlib.util
 import json
 import os
 
+import pytest
 import torch
 import torch._dynamo
 
@@ -49,18 +50,51 @@ def test_visualize_mixture_writes_png_and_weights_sum_to_one(tmp_path):
     assert weights.std() > 0  # a random router: the steps get different weights
 
 
-def test_benchmark_tool_runs_and_records_its_command(tmp_path):
+def test_benchmark_tool_interleaves_models_and_pairs_their_rounds(tmp_path):
     path = tmp_path / "bench.json"
-    argv = ["--model", "srvit_t_t2", "--size", "32", "--batch-size", "2", "--warmup", "1", "--repeats", "2",
+    argv = ["--model", "srvit_t_t2", "--size", "32", "--batch-size", "2", "--warmup", "1", "--repeats", "3",
             "--references", "vit_same_depth", "--modes", "infer", "train", "--grad-checkpointing", "both",
             "--json", str(path)]
     result = load("benchmark").main(argv)
     saved = json.loads(path.read_text())
     assert saved["rows"] == result["rows"] and "srvit_t_t2" in saved["command"]
-    kinds = {(r["kind"], r["mode"], r["grad_checkpointing"]) for r in saved["rows"]}
-    assert kinds == {("srvit", "infer", False), ("vit_same_depth", "infer", False), ("srvit", "train", False),
-                     ("srvit", "train", True), ("vit_same_depth", "train", False), ("vit_same_depth", "train", True)}
-    vit = [r for r in saved["rows"] if r["kind"] == "vit_same_depth"][0]
+    kinds = [(r["kind"], r["mode"], r["grad_checkpointing"]) for r in saved["rows"]]
+    assert kinds == [("srvit", "infer", False), ("vit_same_depth", "infer", False),
+                     ("srvit", "train", False), ("srvit", "train", True),
+                     ("vit_same_depth", "train", False), ("vit_same_depth", "train", True)]
+    vit = saved["rows"][1]
     assert abs(vit["params_m"] - (14 * 1.7745 + 0.3)) < 0.2  # D_eff = 14 blocks of width 384 + embeddings
     for r in saved["rows"]:
-        assert len(r["times_s"]) == 2 and r["median_s"] > 0 and r["peak_mib"] >= 0
+        assert len(r["times_s"]) == 3 and r["median_s"] > 0 and r["peak_mib"] >= 0
+
+    # every round runs each model of a mode once, in alternating order (A B, B A, A B)
+    for mode, n in (("infer", 2), ("train", 4)):
+        rows = [r for r in saved["rows"] if r["mode"] == mode]
+        for rnd in range(3):
+            starts = [r["step_started"][rnd] for r in rows]
+            order = sorted(range(n), key=starts.__getitem__)
+            assert order == (list(range(n)) if rnd % 2 == 0 else list(range(n))[::-1])
+            if rnd:
+                assert min(starts) > max(r["step_started"][rnd - 1] for r in rows)
+
+    pairs = {(c["a"], c["b"]): c for c in saved["comparisons"]}
+    assert set(pairs) == {("srvit_t_t2 infer", "timm ViT depth=14 infer"),
+                          ("srvit_t_t2 train", "timm ViT depth=14 train"),
+                          ("srvit_t_t2 train ckpt", "timm ViT depth=14 train ckpt"),
+                          ("srvit_t_t2 train ckpt", "srvit_t_t2 train")}
+    c = pairs[("srvit_t_t2 infer", "timm ViT depth=14 infer")]
+    expected = [a / b for a, b in zip(saved["rows"][0]["times_s"], vit["times_s"])]
+    assert c["time_ratios"] == expected and c["min"] <= c["median"] <= c["max"]
+
+
+def test_benchmark_tool_refuses_bad_arguments():
+    bench = load("benchmark")
+    for argv, message in ((["--model", "srvit_x"], "unknown --model 'srvit_x'"),
+                          (["--size", "100"], "--size 100 is not a positive multiple"),
+                          (["--references", "no_such_net"], "'no_such_net' is neither"),
+                          (["--device", "cuda"], "CUDA is not available")):
+        if "cuda" in argv and torch.cuda.is_available():
+            continue
+        with pytest.raises(SystemExit) as e:
+            bench.main(argv)
+        assert message in str(e.value)

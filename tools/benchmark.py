@@ -4,13 +4,18 @@ physical reference: same number of block applications) and timm's DeiT-S / DeiT-
 
     python tools/benchmark.py --model srvit_s_t3 --size 224 --batch-size 8
     python tools/benchmark.py --model srvit_s_t4 --size 1024 --batch-size 1 --modes train \\
-        --grad-checkpointing both --json docs/bench_s_t4_1024.json
+        --grad-checkpointing both --references --json docs/bench_s_t4_1024.json
 
-Every measurement runs in its own process (so CPU peak resident memory is that model's),
-with warm-up iterations and several timed repeats; the table shows the median and the
-spread (min-max), and --json writes it all with the exact command.
+Every model runs in a process of its own (so the CPU peak resident memory, or CUDA max
+allocated memory, is that model's alone). All processes of one mode are started, built and
+warmed up first; then the timed repeats are interleaved: in every round each model runs one
+step in turn, in alternating order (A B C, C B A, ...). Models compared with each other are
+therefore timed seconds apart, so a machine whose speed drifts (shared VMs, GPU clocks)
+shifts both alike; the paired per-round time ratios are reported beside the medians.
+The table shows medians and spreads (min-max); --json writes every repeat and the command.
 """
 import argparse
+import functools
 import json
 import os
 import platform
@@ -18,20 +23,22 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import timm
 import torch
 
-import srvit_backbones  # noqa: F401
+import srvit_backbones  # noqa: F401  (registers the SR-ViT variants)
 from srvit_backbones.models import VARIANTS
 
+REFERENCE_SAME_DEPTH = "vit_same_depth"
 
+
+# ---------------------------------------------------------------- one model, one process
 def build(kind, name, size, grad_ckpt):
     num_classes = 1000 if size == 224 else 0
-    if kind == "srvit":
-        model = timm.create_model(name, img_size=size, num_classes=num_classes)
-    elif kind == "vit_same_depth":
+    if kind == REFERENCE_SAME_DEPTH:
         ref = timm.create_model(name, img_size=size, num_classes=0)
         model = timm.models.vision_transformer.VisionTransformer(
             img_size=size, patch_size=16, embed_dim=ref.embed_dim, depth=ref.effective_depth,
@@ -42,56 +49,150 @@ def build(kind, name, size, grad_ckpt):
     return model
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def worker(args):
-    device = torch.device(args.device)
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    model = build(args.kind, args.name, args.size, args.grad_checkpointing).to(device)
+def make_step(model, args, device):
     x = torch.randn(args.batch_size, 3, args.size, args.size, device=device)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and args.amp else torch.autocast(
-        "cpu", enabled=False)
+    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)
     if args.mode == "infer":
         model.eval()
 
         def step():
             with torch.inference_mode(), amp:
                 model(x)
-    else:
-        model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        return step
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-        def step():
-            with amp:
-                out = model(x)
-            out.float().square().mean().backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+    def step():
+        with amp:
+            out = model(x)
+        out.float().square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def worker(args):
+    """Build, warm up, say ready; then run one timed step per ``step`` line on stdin."""
+    device = torch.device(args.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    model = build(args.kind, args.name, args.size, args.grad_checkpointing).to(device)
+    step = make_step(model, args, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     for _ in range(args.warmup):
         step()
-    sync(device)
-    times = []
-    for _ in range(args.repeats):
+    sync()
+    reply(ready=True)
+    times, started = [], []
+    for line in sys.stdin:
+        if line.strip() != "step":
+            break
+        started.append(time.time())  # wall clock, comparable across processes
         t0 = time.perf_counter()
         step()
-        sync(device)
+        sync()
         times.append(time.perf_counter() - t0)
+        reply(time_s=times[-1])
     if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated() / 2 ** 20
-        peak_kind = "cuda_max_allocated_mib"
+        peak, peak_kind = torch.cuda.max_memory_allocated() / 2 ** 20, "cuda_max_allocated_mib"
     else:
         peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
         peak_kind = "cpu_peak_rss_growth_mib"
-    print(json.dumps(dict(kind=args.kind, name=args.name, mode=args.mode, grad_checkpointing=args.grad_checkpointing,
-                          size=args.size, batch_size=args.batch_size, times_s=times,
-                          median_s=statistics.median(times), min_s=min(times), max_s=max(times),
-                          img_per_s=args.batch_size / statistics.median(times), peak_mib=peak, peak_kind=peak_kind,
-                          params_m=sum(p.numel() for p in model.parameters()) / 1e6)))
+    reply(kind=args.kind, name=args.name, mode=args.mode, grad_checkpointing=args.grad_checkpointing,
+          size=args.size, batch_size=args.batch_size, amp=args.amp, times_s=times, step_started=started,
+          median_s=statistics.median(times), min_s=min(times), max_s=max(times),
+          img_per_s=args.batch_size / statistics.median(times), peak_mib=peak, peak_kind=peak_kind,
+          params_m=sum(p.numel() for p in model.parameters()) / 1e6)
+
+
+def reply(**message):
+    print(json.dumps(message), flush=True)
+
+
+# ---------------------------------------------------------------- the driver
+class Worker:
+    """The driver's handle on one measurement process."""
+
+    def __init__(self, argv, label):
+        self.label = label
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: warnings never block
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     text=True, bufsize=1)
+
+    def ask(self, command=None):
+        if command is not None:
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            self.stderr.seek(0)
+            sys.exit(f"measurement failed ({self.label}):\n{self.stderr.read()[-3000:]}")
+        return json.loads(line)
+
+    def finish(self):
+        result = self.ask("finish")
+        self.proc.stdin.close()
+        self.proc.wait()
+        return result
+
+
+def measure_interleaved(jobs, args):
+    """Start every job's process (one after another: build + warm-up), then run
+    ``args.repeats`` rounds of one step each, alternating the order every round."""
+    workers = []
+    try:
+        for job in jobs:
+            w = Worker(worker_argv(job, args), label(job))
+            w.ask()  # wait until built and warmed up, so that warm-ups never overlap
+            workers.append(w)
+        for r in range(args.repeats):
+            for w in (workers if r % 2 == 0 else workers[::-1]):
+                w.ask("step")
+        return [w.finish() for w in workers]
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.kill()
+
+
+def worker_argv(job, args):
+    return [sys.executable, os.path.abspath(__file__), "--worker", "--kind", job["kind"], "--name", job["name"],
+            "--mode", job["mode"], "--grad-checkpointing", "on" if job["grad_checkpointing"] else "off",
+            "--size", str(args.size), "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
+            "--device", args.device] + (["--amp"] if args.amp else [])
+
+
+def label(row):
+    name = f"timm ViT depth={_deff(row['name'])}" if row["kind"] == REFERENCE_SAME_DEPTH else row["name"]
+    return f"{name} {row['mode']}" + (" ckpt" if row["grad_checkpointing"] else "")
+
+
+@functools.lru_cache(maxsize=None)
+def _deff(name):
+    return timm.create_model(name, num_classes=0, img_size=32).effective_depth
+
+
+def paired_ratio(a, b):
+    """Per-round time ratios a/b (same round = measured seconds apart), median and spread."""
+    ratios = [ta / tb for ta, tb in zip(a["times_s"], b["times_s"])]
+    return dict(a=label(a), b=label(b), time_ratios=ratios, median=statistics.median(ratios),
+                min=min(ratios), max=max(ratios), peak_ratio=a["peak_mib"] / b["peak_mib"] if b["peak_mib"] else None)
+
+
+def comparisons(rows):
+    """SR-ViT against every reference in the same mode and checkpointing setting, and, in
+    training, SR-ViT with checkpointing against SR-ViT without it."""
+    out = []
+    for s in (r for r in rows if r["kind"] == "srvit"):
+        for ref in rows:
+            if ref["kind"] != "srvit" and ref["mode"] == s["mode"] and ref["grad_checkpointing"] == s["grad_checkpointing"]:
+                out.append(paired_ratio(s, ref))
+        if s["grad_checkpointing"]:
+            plain = [r for r in rows if r["kind"] == "srvit" and r["mode"] == s["mode"] and not r["grad_checkpointing"]]
+            out.extend(paired_ratio(s, p) for p in plain)
+    return out
 
 
 def parse_args(argv=None):
@@ -100,16 +201,17 @@ def parse_args(argv=None):
     p.add_argument("--size", type=int, default=224, help="224 (classification), 512 (seg), 1024 (det)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--modes", nargs="+", default=["infer", "train"], choices=["infer", "train"])
-    p.add_argument("--grad-checkpointing", choices=["off", "on", "both"], default="off")
-    p.add_argument("--references", nargs="*", default=["vit_same_depth", "deit_small_patch16_224",
+    p.add_argument("--grad-checkpointing", choices=["off", "on", "both"], default="off",
+                   help="activation checkpointing in the training step")
+    p.add_argument("--references", nargs="*", default=[REFERENCE_SAME_DEPTH, "deit_small_patch16_224",
                                                         "deit_base_patch16_224"],
-                   help="vit_same_depth and/or timm model names")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
+                   help=f"{REFERENCE_SAME_DEPTH} and/or timm model names; empty: SR-ViT alone")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per model")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds (one step per model each)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--amp", action="store_true", help="bf16 autocast on the GPU")
+    p.add_argument("--amp", action="store_true", help="bf16 autocast")
     p.add_argument("--json", help="write results here")
-    # internal: one measurement per process
+    # internal: the measurement process of one model
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--kind", help=argparse.SUPPRESS)
     p.add_argument("--name", help=argparse.SUPPRESS)
@@ -117,41 +219,45 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def check_args(args):
+    errors = []
+    if args.model not in VARIANTS:
+        errors.append(f"unknown --model {args.model!r}; known: {', '.join(VARIANTS)}")
+    if args.size < 16 or args.size % 16:
+        errors.append(f"--size {args.size} is not a positive multiple of the patch size 16")
+    if args.batch_size < 1 or args.warmup < 0 or args.repeats < 1:
+        errors.append("--batch-size and --repeats must be >= 1, --warmup >= 0")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        errors.append(f"--device {args.device}: CUDA is not available here; use --device cpu")
+    for ref in args.references:
+        if ref != REFERENCE_SAME_DEPTH and not timm.is_model(ref):
+            errors.append(f"--references {ref!r} is neither {REFERENCE_SAME_DEPTH} nor a timm model name")
+    if errors:
+        sys.exit("benchmark: " + "; ".join(errors))
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.worker:
         args.grad_checkpointing = args.grad_checkpointing == "on"
         return worker(args)
-    if args.model not in VARIANTS:
-        sys.exit(f"unknown model {args.model!r}; known: {', '.join(VARIANTS)}")
-    if args.size % 16:
-        sys.exit(f"--size {args.size} is not a multiple of the patch size 16")
-    ckpt_modes = {"off": ["off"], "on": ["on"], "both": ["off", "on"]}[args.grad_checkpointing]
-    jobs = [("srvit", args.model)] + [("vit_same_depth" if r == "vit_same_depth" else "timm",
-                                        args.model if r == "vit_same_depth" else r) for r in args.references]
+    check_args(args)
+    ckpt = {"off": [False], "on": [True], "both": [False, True]}[args.grad_checkpointing]
+    models = [("srvit", args.model)] + [(REFERENCE_SAME_DEPTH, args.model) if r == REFERENCE_SAME_DEPTH
+                                        else ("timm", r) for r in args.references]
     rows = []
     for mode in args.modes:
-        for kind, name in jobs:
-            for ck in (ckpt_modes if mode == "train" else ["off"]):
-                cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--kind", kind, "--name", name,
-                       "--mode", mode, "--size", str(args.size), "--batch-size", str(args.batch_size),
-                       "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--device", args.device,
-                       "--grad-checkpointing", ck] + (["--amp"] if args.amp else [])
-                out = subprocess.run(cmd, capture_output=True, text=True)
-                if out.returncode:
-                    sys.exit(f"measurement failed ({kind} {name} {mode}):\n{out.stderr[-2000:]}")
-                rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    label = {"srvit": lambda r: r["name"], "vit_same_depth": lambda r: f"timm ViT depth={_deff(r['name'])}",
-             "timm": lambda r: r["name"]}
-    print(f"{'model':<26} {'mode':<5} {'ckpt':<4} {'median s':>9} {'spread s':>15} {'img/s':>8} {'peak MiB':>9}")
-    for r in rows:
-        print(f"{label[r['kind']](r):<26} {r['mode']:<5} {'on' if r['grad_checkpointing'] else 'off':<4} "
-              f"{r['median_s']:>9.4f} {r['min_s']:>7.4f}-{r['max_s']:<7.4f} {r['img_per_s']:>8.2f} {r['peak_mib']:>9.0f}")
+        jobs = [dict(kind=kind, name=name, mode=mode, grad_checkpointing=c)
+                for kind, name in models for c in (ckpt if mode == "train" else [False])]
+        rows.extend(measure_interleaved(jobs, args))
+    ratios = comparisons(rows)
+    report(rows, ratios)
     result = dict(command=" ".join([os.path.relpath(sys.argv[0])] + (argv if argv is not None else sys.argv[1:])),
                   machine=dict(platform=platform.platform(), processor=platform.processor(), cpus=os.cpu_count(),
-                               torch=torch.__version__, device=args.device,
+                               torch_threads=torch.get_num_threads(), torch=torch.__version__, timm=timm.__version__,
+                               device=args.device,
                                gpu=torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None),
-                  rows=rows)
+                  method="interleaved rounds, one process per model", rows=rows, comparisons=ratios)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
@@ -159,8 +265,16 @@ def main(argv=None):
     return result
 
 
-def _deff(name):
-    return timm.create_model(name, num_classes=0, img_size=32).effective_depth
+def report(rows, ratios):
+    print(f"{'model':<34} {'median s':>9} {'spread s':>17} {'img/s':>8} {'peak MiB':>9}")
+    for r in rows:
+        print(f"{label(r):<34} {r['median_s']:>9.4f} {r['min_s']:>8.4f}-{r['max_s']:<8.4f} "
+              f"{r['img_per_s']:>8.2f} {r['peak_mib']:>9.0f}")
+    print("\npaired time ratios (per round; throughput ratio = 1 / time ratio)")
+    for c in ratios:
+        peak = f"   peak memory ratio {c['peak_ratio']:.3f}" if c["peak_ratio"] else ""
+        print(f"{c['a']} / {c['b']}: {c['median']:.3f} ({c['min']:.3f}-{c['max']:.3f}), "
+              f"throughput ratio {1 / c['median']:.3f}{peak}")
 
 
 if __name__ == "__main__":

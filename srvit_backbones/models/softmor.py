@@ -139,9 +139,10 @@ class SoftMoRUnit(nn.Module):
             if t > 0 and self.step_transforms is not None:
                 h = h + self.step_transforms[t - 1](h)
             h = self._run_blocks(h, t)
-            # accumulate the mixture in one fused op (no per-step product tensor is kept)
+            # accumulate the mixture in place, one fused op per step: no per-step product and
+            # no stack of the T outputs (autograd keeps only h, needed anyway, and w_t)
             w_t = weights[..., t : t + 1]
-            y = w_t * h if y is None else torch.addcmul(y, w_t, h)
+            y = w_t * h if y is None else y.addcmul_(w_t, h)
         if return_weights:
             return y, (one_hot if self.aggregation == "hard" else alpha)
         return y
