@@ -84,7 +84,8 @@ def test_benchmark_tool_interleaves_models_and_pairs_their_rounds(tmp_path):
                           ("srvit_t_t2 train ckpt", "srvit_t_t2 train")}
     c = pairs[("srvit_t_t2 infer", "timm ViT depth=14 infer")]
     expected = [a / b for a, b in zip(saved["rows"][0]["times_s"], vit["times_s"])]
-    assert c["time_ratios"] == expected and c["min"] <= c["median"] <= c["max"]
+    assert c["time_ratios"] == expected and c["min"] <= c["ci95"][0] <= c["median"] <= c["ci95"][1] <= c["max"]
+    assert c["best_ratio"] == saved["rows"][0]["min_s"] / vit["min_s"]
 
 
 def test_benchmark_tool_refuses_bad_arguments():
