@@ -117,6 +117,35 @@ def test_hard_picks_each_tokens_argmax_step():
     assert torch.equal(weights.argmax(-1), choice) and torch.equal(weights.sum(-1), torch.ones(3, 9))
 
 
+def saved_activation_bytes(module, x):
+    """Bytes of the distinct tensors autograd keeps for the backward pass of module(x),
+    parameters excluded."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    kept = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x)
+    return sum(kept.values())
+
+
+def test_soft_mixture_keeps_no_per_step_copies():
+    """Beyond what naive recursion keeps anyway, the soft mixture keeps only the last step's
+    output and the (B, N, T) weights: no stack of the T outputs, no per-step products."""
+    bs = blocks(2)
+    soft = randomize(SoftMoRUnit(copy.deepcopy(bs), num_steps=3))
+    last = SoftMoRUnit(copy.deepcopy(bs), num_steps=3, aggregation="last")
+    b, n, d, t = 2, 10, 32, 3
+    x = torch.randn(b, n, d, requires_grad=True)
+    extra = saved_activation_bytes(soft, x) - saved_activation_bytes(last, x)
+    assert extra == 4 * (b * n * d + b * n * t)
+
+
 @pytest.mark.parametrize("aggregation", ["soft", "hard"])
 def test_gradients_reach_router_step_transforms_and_shared_blocks(aggregation):
     unit = randomize(SoftMoRUnit(blocks(2), num_steps=3, aggregation=aggregation))

@@ -6,12 +6,15 @@ physical reference: same number of block applications) and timm's DeiT-S / DeiT-
     python tools/benchmark.py --model srvit_s_t4 --size 1024 --batch-size 1 --modes train \\
         --grad-checkpointing both --references --json docs/bench_s_t4_1024.json
 
-Every model runs in a process of its own (so the CPU peak resident memory, or CUDA max
-allocated memory, is that model's alone). All processes of one mode are started, built and
-warmed up first; then the timed repeats are interleaved: in every round each model runs one
-step in turn, in alternating order (A B C, C B A, ...). Models compared with each other are
-therefore timed seconds apart, so a machine whose speed drifts (shared VMs, GPU clocks)
-shifts both alike; the paired per-round time ratios are reported beside the medians.
+Timing: all models of a mode are built in one process and warmed up; then the timed
+repeats are interleaved: in every round each model runs one step in turn, in alternating
+order (A B C, C B A, ...). Compared models are timed seconds apart and share one allocator
+and one set of threads, so a machine whose speed drifts (shared VMs, GPU clocks) shifts them
+alike; per-round paired time ratios are reported with a bootstrap 95% interval. (Separate
+processes per model were tried first: on a shared 2-core VM they differed systematically by
+more than 5%, more than the differences being measured.)
+Peak memory: each model in a process of its own (CPU: growth of the peak resident set,
+parameters and AdamW state included; GPU: max allocated), so the figure is that model's alone.
 The table shows medians and spreads (min-max); --json writes every repeat and the command.
 """
 import argparse
@@ -24,7 +27,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import timm
@@ -36,7 +38,7 @@ from srvit_backbones.models import VARIANTS
 REFERENCE_SAME_DEPTH = "vit_same_depth"
 
 
-# ---------------------------------------------------------------- one model, one process
+# ---------------------------------------------------------------- models and their steps
 def build(kind, name, size, grad_ckpt):
     num_classes = 1000 if size == 224 else 0
     if kind == REFERENCE_SAME_DEPTH:
@@ -50,10 +52,10 @@ def build(kind, name, size, grad_ckpt):
     return model
 
 
-def make_step(model, args, device):
+def make_step(model, args, mode, device):
     x = torch.randn(args.batch_size, 3, args.size, args.size, device=device)
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)
-    if args.mode == "infer":
+    if mode == "infer":
         model.eval()
 
         def step():
@@ -72,97 +74,63 @@ def make_step(model, args, device):
     return step
 
 
-def worker(args):
-    """Build, warm up, say ready; then run one timed step per ``step`` line on stdin."""
-    device = torch.device(args.device)
+def time_interleaved(jobs, args, device):
+    """Build every job's model in this process and warm each up; then run ``args.repeats``
+    rounds of one step per model, alternating the order every round (A B C, C B A, ...)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    steps = []
+    for job in jobs:
+        model = build(job["kind"], job["name"], args.size, job["grad_checkpointing"]).to(device)
+        steps.append(make_step(model, args, job["mode"], device))
+        job["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
+        for _ in range(args.warmup):
+            steps[-1]()
+        sync()
+    times = [[] for _ in jobs]
+    started = [[] for _ in jobs]
+    for r in range(args.repeats):
+        for i in (range(len(jobs)) if r % 2 == 0 else reversed(range(len(jobs)))):
+            t0 = time.perf_counter()
+            started[i].append(t0)
+            steps[i]()
+            sync()
+            times[i].append(time.perf_counter() - t0)
+    rows = []
+    for job, t, s in zip(jobs, times, started):
+        rows.append(dict(job, size=args.size, batch_size=args.batch_size, amp=args.amp, times_s=t, step_started=s,
+                         median_s=statistics.median(t), min_s=min(t), max_s=max(t),
+                         img_per_s=args.batch_size / statistics.median(t)))
+    return rows
+
+
+def peak_memory_worker(args):
+    """In a process of its own: build, run two steps (the second one with the optimizer state
+    that the first created), print the peak memory."""
+    device = torch.device(args.device)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     model = build(args.kind, args.name, args.size, args.grad_checkpointing).to(device)
-    step = make_step(model, args, device)
+    step = make_step(model, args, args.mode, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    for _ in range(args.warmup):
+    for _ in range(2):
         step()
-    sync()
-    reply(ready=True)
-    times, started = [], []
-    for line in sys.stdin:
-        if line.strip() != "step":
-            break
-        started.append(time.time())  # wall clock, comparable across processes
-        t0 = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - t0)
-        reply(time_s=times[-1])
     if device.type == "cuda":
-        peak, peak_kind = torch.cuda.max_memory_allocated() / 2 ** 20, "cuda_max_allocated_mib"
+        torch.cuda.synchronize()
+        print(json.dumps(dict(peak_mib=torch.cuda.max_memory_allocated() / 2 ** 20, peak_kind="cuda_max_allocated_mib")))
     else:
-        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
-        peak_kind = "cpu_peak_rss_growth_mib"
-    reply(kind=args.kind, name=args.name, mode=args.mode, grad_checkpointing=args.grad_checkpointing,
-          size=args.size, batch_size=args.batch_size, amp=args.amp, times_s=times, step_started=started,
-          median_s=statistics.median(times), min_s=min(times), max_s=max(times),
-          img_per_s=args.batch_size / statistics.median(times), peak_mib=peak, peak_kind=peak_kind,
-          params_m=sum(p.numel() for p in model.parameters()) / 1e6)
+        growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+        print(json.dumps(dict(peak_mib=growth, peak_kind="cpu_peak_rss_growth_mib")))
 
 
-def reply(**message):
-    print(json.dumps(message), flush=True)
-
-
-# ---------------------------------------------------------------- the driver
-class Worker:
-    """The driver's handle on one measurement process."""
-
-    def __init__(self, argv, label):
-        self.label = label
-        self.stderr = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: warnings never block
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     text=True, bufsize=1)
-
-    def ask(self, command=None):
-        if command is not None:
-            self.proc.stdin.write(command + "\n")
-            self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait()
-            self.stderr.seek(0)
-            sys.exit(f"measurement failed ({self.label}):\n{self.stderr.read()[-3000:]}")
-        return json.loads(line)
-
-    def finish(self):
-        result = self.ask("finish")
-        self.proc.stdin.close()
-        self.proc.wait()
-        return result
-
-
-def measure_interleaved(jobs, args):
-    """Start every job's process (one after another: build + warm-up), then run
-    ``args.repeats`` rounds of one step each, alternating the order every round."""
-    workers = []
-    try:
-        for job in jobs:
-            w = Worker(worker_argv(job, args), label(job))
-            w.ask()  # wait until built and warmed up, so that warm-ups never overlap
-            workers.append(w)
-        for r in range(args.repeats):
-            for w in (workers if r % 2 == 0 else workers[::-1]):
-                w.ask("step")
-        return [w.finish() for w in workers]
-    finally:
-        for w in workers:
-            if w.proc.poll() is None:
-                w.proc.kill()
-
-
-def worker_argv(job, args):
-    return [sys.executable, os.path.abspath(__file__), "--worker", "--kind", job["kind"], "--name", job["name"],
-            "--mode", job["mode"], "--grad-checkpointing", "on" if job["grad_checkpointing"] else "off",
-            "--size", str(args.size), "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
-            "--device", args.device] + (["--amp"] if args.amp else [])
+def measure_peak_memory(job, args):
+    argv = [sys.executable, os.path.abspath(__file__), "--memory-worker", "--kind", job["kind"],
+            "--name", job["name"], "--mode", job["mode"],
+            "--grad-checkpointing", "on" if job["grad_checkpointing"] else "off", "--size", str(args.size),
+            "--batch-size", str(args.batch_size), "--device", args.device]
+    out = subprocess.run(argv + (["--amp"] if args.amp else []), capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"peak-memory measurement failed ({label(job)}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def label(row):
@@ -218,8 +186,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--amp", action="store_true", help="bf16 autocast")
     p.add_argument("--json", help="write results here")
-    # internal: the measurement process of one model
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    # internal: the peak-memory process of one model
+    p.add_argument("--memory-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--kind", help=argparse.SUPPRESS)
     p.add_argument("--name", help=argparse.SUPPRESS)
     p.add_argument("--mode", help=argparse.SUPPRESS)
@@ -245,10 +213,11 @@ def check_args(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.worker:
+    if args.memory_worker:
         args.grad_checkpointing = args.grad_checkpointing == "on"
-        return worker(args)
+        return peak_memory_worker(args)
     check_args(args)
+    torch.manual_seed(0)
     ckpt = {"off": [False], "on": [True], "both": [False, True]}[args.grad_checkpointing]
     models = [("srvit", args.model)] + [(REFERENCE_SAME_DEPTH, args.model) if r == REFERENCE_SAME_DEPTH
                                         else ("timm", r) for r in args.references]
@@ -256,7 +225,9 @@ def main(argv=None):
     for mode in args.modes:
         jobs = [dict(kind=kind, name=name, mode=mode, grad_checkpointing=c)
                 for kind, name in models for c in (ckpt if mode == "train" else [False])]
-        rows.extend(measure_interleaved(jobs, args))
+        rows.extend(time_interleaved(jobs, args, torch.device(args.device)))
+    for row in rows:
+        row.update(measure_peak_memory(row, args))
     ratios = comparisons(rows)
     report(rows, ratios)
     result = dict(command=" ".join([os.path.relpath(sys.argv[0])] + (argv if argv is not None else sys.argv[1:])),
@@ -264,7 +235,7 @@ def main(argv=None):
                                torch_threads=torch.get_num_threads(), torch=torch.__version__, timm=timm.__version__,
                                device=args.device,
                                gpu=torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None),
-                  method="interleaved rounds, one process per model", rows=rows, comparisons=ratios)
+                  method="time: interleaved rounds in one process; peak memory: one process per model", rows=rows, comparisons=ratios)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
