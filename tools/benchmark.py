@@ -107,7 +107,7 @@ def peak_memory_worker(args):
     """In a process of its own: build, run two steps (the second one with the optimizer state
     that the first created), print the peak memory."""
     device = torch.device(args.device)
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss_before = peak_rss_mib()
     model = build(args.kind, args.name, args.size, args.grad_checkpointing).to(device)
     step = make_step(model, args, args.mode, device)
     if device.type == "cuda":
@@ -118,8 +118,18 @@ def peak_memory_worker(args):
         torch.cuda.synchronize()
         print(json.dumps(dict(peak_mib=torch.cuda.max_memory_allocated() / 2 ** 20, peak_kind="cuda_max_allocated_mib")))
     else:
-        growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+        growth = peak_rss_mib() - rss_before
         print(json.dumps(dict(peak_mib=growth, peak_kind="cpu_peak_rss_growth_mib")))
+
+
+def peak_rss_mib():
+    """This process's peak resident set (Linux VmHWM). Not getrusage's ru_maxrss: Linux carries
+    that across exec, so a child started by a large parent would report the parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2 ** 20 if sys.platform == "darwin" else 1024)
 
 
 def measure_peak_memory(job, args):
@@ -225,13 +235,13 @@ def main(argv=None):
     for mode in args.modes:
         jobs = [dict(kind=kind, name=name, mode=mode, grad_checkpointing=c)
                 for kind, name in models for c in (ckpt if mode == "train" else [False])]
-        rows.extend(time_interleaved(jobs, args, torch.device(args.device)))
-    for row in rows:
-        row.update(measure_peak_memory(row, args))
+        peaks = [measure_peak_memory(job, args) for job in jobs]
+        for row, peak in zip(time_interleaved(jobs, args, torch.device(args.device)), peaks):
+            rows.append(dict(row, **peak))
     ratios = comparisons(rows)
     report(rows, ratios)
     result = dict(command=" ".join([os.path.relpath(sys.argv[0])] + (argv if argv is not None else sys.argv[1:])),
-                  machine=dict(platform=platform.platform(), processor=platform.processor(), cpus=os.cpu_count(),
+                  machine=dict(platform=platform.platform(), processor=cpu_name(), cpus=os.cpu_count(),
                                torch_threads=torch.get_num_threads(), torch=torch.__version__, timm=timm.__version__,
                                device=args.device,
                                gpu=torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None),
@@ -241,6 +251,14 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
     return result
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
 
 
 def report(rows, ratios):
