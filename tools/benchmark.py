@@ -78,11 +78,11 @@ def time_interleaved(jobs, args, device):
     """Build every job's model in this process and warm each up; then run ``args.repeats``
     rounds of one step per model, alternating the order every round (A B C, C B A, ...)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    steps = []
+    steps, params_m = [], []
     for job in jobs:
         model = build(job["kind"], job["name"], args.size, job["grad_checkpointing"]).to(device)
         steps.append(make_step(model, args, job["mode"], device))
-        job["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
+        params_m.append(sum(p.numel() for p in model.parameters()) / 1e6)
         for _ in range(args.warmup):
             steps[-1]()
         sync()
@@ -96,8 +96,8 @@ def time_interleaved(jobs, args, device):
             sync()
             times[i].append(time.perf_counter() - t0)
     rows = []
-    for job, t, s in zip(jobs, times, started):
-        rows.append(dict(job, size=args.size, batch_size=args.batch_size, amp=args.amp, times_s=t, step_started=s,
+    for job, n, t, s in zip(jobs, params_m, times, started):
+        rows.append(dict(job, params_m=n, size=args.size, batch_size=args.batch_size, amp=args.amp, times_s=t, step_started=s,
                          median_s=statistics.median(t), min_s=min(t), max_s=max(t),
                          img_per_s=args.batch_size / statistics.median(t)))
     return rows
