@@ -3,6 +3,8 @@
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -54,10 +56,11 @@ def test_benchmark_tool_interleaves_models_and_pairs_their_rounds(tmp_path):
     path = tmp_path / "bench.json"
     argv = ["--model", "srvit_t_t2", "--size", "32", "--batch-size", "2", "--warmup", "1", "--repeats", "3",
             "--references", "vit_same_depth", "--modes", "infer", "train", "--grad-checkpointing", "both",
-            "--json", str(path)]
+            "--default-malloc", "--json", str(path)]  # leave this test process's allocator alone
     result = load("benchmark").main(argv)
     saved = json.loads(path.read_text())
     assert saved["rows"] == result["rows"] and "srvit_t_t2" in saved["command"]
+    assert saved["method"]["malloc"] == "default"
     kinds = [(r["kind"], r["mode"], r["grad_checkpointing"]) for r in saved["rows"]]
     assert kinds == [("srvit", "infer", False), ("vit_same_depth", "infer", False),
                      ("srvit", "train", False), ("srvit", "train", True),
@@ -67,6 +70,7 @@ def test_benchmark_tool_interleaves_models_and_pairs_their_rounds(tmp_path):
     for r in saved["rows"]:
         assert len(r["times_s"]) == 3 and r["median_s"] > 0
         assert r["peak_mib"] > r["params_m"] * 4e6 / 2 ** 20  # at least its own fp32 parameters
+        assert len(r["minor_page_faults"]) == 3 and min(r["minor_page_faults"]) >= 0
 
     # every round runs each model of a mode once, in alternating order (A B, B A, A B)
     for mode, n in (("infer", 2), ("train", 4)):
@@ -100,3 +104,31 @@ def test_benchmark_tool_refuses_bad_arguments():
         with pytest.raises(SystemExit) as e:
             bench.main(argv)
         assert message in str(e.value)
+
+
+ALLOCATE_AND_FREE = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import benchmark
+if sys.argv[2] == "keep":
+    assert benchmark.keep_freed_memory() is not None
+def step():  # like a forward pass: many large buffers, all freed at the end
+    buffers = [torch.ones(2 ** 21) for _ in range(24)]  # 24 x 8 MiB
+    del buffers
+step()
+before = benchmark.minor_page_faults()
+for _ in range(5):
+    step()
+print(benchmark.minor_page_faults() - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings")
+def test_benchmark_keeps_freed_memory_instead_of_faulting_it_in_every_step():
+    def faults(setting):
+        out = subprocess.run([sys.executable, "-c", ALLOCATE_AND_FREE, os.path.join(ROOT, "tools"), setting],
+                             capture_output=True, text=True, check=True)
+        return int(out.stdout.split()[-1])
+    default, kept = faults("default"), faults("keep")
+    pages = 5 * 24 * 2 ** 23 // os.sysconf("SC_PAGE_SIZE")  # what the five timed steps touch
+    assert default > pages // 2 and kept < pages // 20, (default, kept, pages)

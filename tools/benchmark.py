@@ -13,11 +13,14 @@ and one set of threads, so a machine whose speed drifts (shared VMs, GPU clocks)
 alike; per-round paired time ratios are reported with a bootstrap 95% interval. (Separate
 processes per model were tried first: on a shared 2-core VM they differed systematically by
 more than 5%, more than the differences being measured.)
-Peak memory: each model in a process of its own (CPU: growth of the peak resident set,
+On Linux/glibc the timing process keeps freed memory (see ``keep_freed_memory``): otherwise
+every step's activations are handed back to the kernel and faulted in again, which costs time
+and scatters it. Peak memory: each model in a process of its own (CPU: growth of the peak resident set,
 parameters and AdamW state included; GPU: max allocated), so the figure is that model's alone.
 The table shows medians and spreads (min-max); --json writes every repeat and the command.
 """
 import argparse
+import ctypes
 import functools
 import json
 import os
@@ -36,6 +39,31 @@ import srvit_backbones  # noqa: F401  (registers the SR-ViT variants)
 from srvit_backbones.models import VARIANTS
 
 REFERENCE_SAME_DEPTH = "vit_same_depth"
+
+
+# ---------------------------------------------------------------- the timing process
+def keep_freed_memory():
+    """Make glibc malloc keep freed memory for reuse instead of returning it to the kernel.
+
+    By default glibc serves the large activation buffers with mmap (or trims the heap) and
+    unmaps them on free, so every step faults its activations in again: on the 2-vCPU CI VM,
+    ~50k page faults and ~15% system time per 224px batch-8 inference step, and a wider
+    spread. This is what PyTorch's CPU performance guide gets from jemalloc/tcmalloc. Returns
+    the settings made, or None where the C library is not glibc (then nothing changes).
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return None
+    settings = {"M_MMAP_THRESHOLD": (-3, 32 * 2 ** 20), "M_TRIM_THRESHOLD": (-1, 2 ** 31 - 1)}
+    if not all(mallopt(param, value) == 1 for param, value in settings.values()):
+        return None
+    return {name: value for name, (_, value) in settings.items()}
+
+
+def minor_page_faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 # ---------------------------------------------------------------- models and their steps
@@ -88,18 +116,21 @@ def time_interleaved(jobs, args, device):
         sync()
     times = [[] for _ in jobs]
     started = [[] for _ in jobs]
+    faults = [[] for _ in jobs]
     for r in range(args.repeats):
         for i in (range(len(jobs)) if r % 2 == 0 else reversed(range(len(jobs)))):
+            f0 = minor_page_faults()
             t0 = time.perf_counter()
             started[i].append(t0)
             steps[i]()
             sync()
             times[i].append(time.perf_counter() - t0)
+            faults[i].append(minor_page_faults() - f0)
     rows = []
-    for job, n, t, s in zip(jobs, params_m, times, started):
+    for job, n, t, s, f in zip(jobs, params_m, times, started, faults):
         rows.append(dict(job, params_m=n, size=args.size, batch_size=args.batch_size, amp=args.amp, times_s=t, step_started=s,
                          median_s=statistics.median(t), min_s=min(t), max_s=max(t),
-                         img_per_s=args.batch_size / statistics.median(t)))
+                         img_per_s=args.batch_size / statistics.median(t), minor_page_faults=f))
     return rows
 
 
@@ -196,6 +227,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--amp", action="store_true", help="bf16 autocast")
     p.add_argument("--json", help="write results here")
+    p.add_argument("--default-malloc", action="store_true",
+                   help="time with the C library's default allocator settings (see keep_freed_memory)")
     # internal: the peak-memory process of one model
     p.add_argument("--memory-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--kind", help=argparse.SUPPRESS)
@@ -231,6 +264,7 @@ def main(argv=None):
     ckpt = {"off": [False], "on": [True], "both": [False, True]}[args.grad_checkpointing]
     models = [("srvit", args.model)] + [(REFERENCE_SAME_DEPTH, args.model) if r == REFERENCE_SAME_DEPTH
                                         else ("timm", r) for r in args.references]
+    malloc = None if args.default_malloc else keep_freed_memory()
     rows = []
     for mode in args.modes:
         jobs = [dict(kind=kind, name=name, mode=mode, grad_checkpointing=c)
@@ -245,7 +279,9 @@ def main(argv=None):
                                torch_threads=torch.get_num_threads(), torch=torch.__version__, timm=timm.__version__,
                                device=args.device,
                                gpu=torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None),
-                  method="time: interleaved rounds in one process; peak memory: one process per model", rows=rows, comparisons=ratios)
+                  method=dict(time="interleaved rounds in one process", malloc=malloc or "default",
+                              peak_memory="one process per model, default allocator"),
+                  rows=rows, comparisons=ratios)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
