@@ -46,9 +46,10 @@ def keep_freed_memory():
     """Make glibc malloc keep freed memory for reuse instead of returning it to the kernel.
 
     By default glibc serves the large activation buffers with mmap (or trims the heap) and
-    unmaps them on free, so every step faults its activations in again: on the 2-vCPU CI VM,
-    ~50k page faults and ~15% system time per 224px batch-8 inference step, and a wider
-    spread. This is what PyTorch's CPU performance guide gets from jemalloc/tcmalloc. Returns
+    unmaps them on free, so a step can fault its activations in again: on the 2-vCPU CI VM a
+    plain inference loop over the depth-32 ViT (224px, batch 8) took ~50k page faults and
+    ~15% system time per step, and in the four-model run DeiT-B faulted 430 MiB every step.
+    This is what PyTorch's CPU performance guide gets from jemalloc/tcmalloc. Returns
     the settings made, or None where the C library is not glibc (then nothing changes).
     """
     try:
