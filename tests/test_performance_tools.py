@@ -131,4 +131,6 @@ def test_benchmark_keeps_freed_memory_instead_of_faulting_it_in_every_step():
         return int(out.stdout.split()[-1])
     default, kept = faults("default"), faults("keep")
     pages = 5 * 24 * 2 ** 23 // os.sysconf("SC_PAGE_SIZE")  # what the five timed steps touch
-    assert default > pages // 2 and kept < pages // 20, (default, kept, pages)
+    # the default trims the freed buffers back to the kernel in some or all of the steps
+    # (seen: one step's worth or all five), the setting at most once
+    assert kept < pages // 20 and default > 10 * max(kept, 100), (default, kept, pages)
