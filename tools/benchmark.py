@@ -14,8 +14,9 @@ alike; per-round paired time ratios are reported with a bootstrap 95% interval. 
 processes per model were tried first: on a shared 2-core VM they differed systematically by
 more than 5%, more than the differences being measured.)
 On Linux/glibc the timing process keeps freed memory (see ``keep_freed_memory``): otherwise
-every step's activations are handed back to the kernel and faulted in again, which costs time
-and scatters it. Peak memory: each model in a process of its own (CPU: growth of the peak resident set,
+a step's activations can be handed back to the kernel and faulted in again, which costs time
+and scatters it.
+Peak memory: each model in a process of its own (CPU: growth of the peak resident set,
 parameters and AdamW state included; GPU: max allocated), so the figure is that model's alone.
 The table shows medians and spreads (min-max); --json writes every repeat and the command.
 """
