@@ -30,3 +30,15 @@ def config_path(framework: str, name: str) -> Optional[str]:
 def list_configs(framework: str) -> List[str]:
     root = config_dir(framework)
     return sorted(f for f in os.listdir(root) if f.endswith(".py"))
+
+
+def resolve_config(framework: str, path: str) -> str:
+    """A config file path, or the name of a shipped config (``upernet_srvit_s.py``); the
+    one lookup both frameworks' tools use. Raises ``FileNotFoundError`` naming the choices."""
+    if os.path.isfile(path):
+        return path
+    shipped = config_path(framework, path)
+    if shipped is None:
+        raise FileNotFoundError(f"config {path!r} not found: neither a file nor a shipped {framework} config "
+                                f"(shipped: {', '.join(list_configs(framework))})")
+    return shipped

@@ -28,16 +28,6 @@ from srvit_backbones.detectron2 import SRViTCheckpointer, validate_config
 logger = logging.getLogger("srvit.train_net")
 
 
-def resolve_config(path: str) -> str:
-    if os.path.isfile(path):
-        return path
-    packaged = srvit_backbones.config_path("detectron2", path)
-    if packaged is None:
-        sys.exit(f"config {path!r} not found (neither a file nor a packaged config; "
-                 f"packaged: {', '.join(srvit_backbones.list_configs('detectron2'))})")
-    return packaged
-
-
 def check_config(cfg):
     """Fail early, with the fix, on settings that would fail deep inside detectron2."""
     try:
@@ -94,7 +84,11 @@ def do_train(args, cfg):
 
 
 def main(args):
-    cfg = LazyConfig.load(resolve_config(args.config_file))
+    try:
+        path = srvit_backbones.resolve_config("detectron2", args.config_file)
+    except FileNotFoundError as e:
+        sys.exit(str(e))
+    cfg = LazyConfig.load(path)
     cfg = LazyConfig.apply_overrides(cfg, args.opts)
     default_setup(cfg, args)
     check_config(cfg)

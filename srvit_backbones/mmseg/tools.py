@@ -5,18 +5,7 @@ import os.path as osp
 import torch
 from mmengine.config import Config
 
-from ..config_files import config_path, list_configs
-
-
-def resolve_config(path: str) -> str:
-    """A config path, or the name of a shipped config (``upernet_srvit_s.py``)."""
-    if os.path.isfile(path):
-        return path
-    packaged = config_path("mmseg", path)
-    if packaged is None:
-        raise SystemExit(f"config {path!r} not found (neither a file nor a shipped config; shipped: "
-                         f"{', '.join(list_configs('mmseg'))})")
-    return packaged
+from ..config_files import resolve_config
 
 
 def check_amp():
@@ -29,7 +18,11 @@ def load_config(args) -> Config:
     mmseg's tools/train.py and tools/test.py do."""
     if "LOCAL_RANK" not in os.environ:
         os.environ["LOCAL_RANK"] = str(args.local_rank)
-    cfg = Config.fromfile(resolve_config(args.config))
+    try:
+        path = resolve_config("mmseg", args.config)
+    except FileNotFoundError as e:
+        raise SystemExit(str(e)) from None
+    cfg = Config.fromfile(path)
     cfg.launcher = args.launcher
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
