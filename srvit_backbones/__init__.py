@@ -4,8 +4,8 @@ Importing this package registers the SR-ViT variants with timm; it never imports
 detectron2 or mmseg (import ``srvit_backbones.detectron2`` / ``srvit_backbones.mmseg``).
 """
 from .config_files import config_dir, config_path, list_configs, resolve_config
+from .models import VARIANTS, SoftMoRUnit, SRViT, create_srvit, make_layout  # before .checkpoint
 from .checkpoint import CheckpointError, LoadReport, load_pretrained
-from .models import VARIANTS, SoftMoRUnit, SRViT, create_srvit, make_layout
 
 __version__ = "0.1.0"
 __all__ = ["SRViT", "SoftMoRUnit", "VARIANTS", "create_srvit", "make_layout", "load_pretrained",

@@ -1,27 +1,59 @@
 """Loading pretrained weights into the core SR-ViT: unwrap, map keys, resize the position
-embedding, and report exactly what did and did not load.
+embedding, and load completely or fail with a short report of what is missing.
 
 Accepted sources: checkpoints written by ``tools/pretrain.py`` (``{"model": ..., "model_ema":
-...}``), plain state dicts, and timm ViT/DeiT state dicts (``blocks.{i}.*``), whose blocks
-are mapped onto the units of a T=1 model (or onto the unique blocks of any layout).
+...}``), plain state dicts, timm ViT/DeiT state dicts (``blocks.{i}.*``, mapped onto the unique
+blocks of any layout), ``.safetensors`` files, and whole-model checkpoints of the frameworks
+(mmengine's ``{"state_dict": {"backbone.srvit.*": ...}}``, detectron2's ``{"model":
+{"backbone.net.srvit.*": ...}}``), whose backbone is found by its patch embedding.
 Used by timm (``checkpoint_filter_fn``), Detectron2 and MMSegmentation alike.
 """
 import logging
+import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
 import torch
 import torch.nn as nn
-from timm.layers import resample_abs_pos_embed
+
+from .models.srvit import resize_pos_embed
 
 logger = logging.getLogger(__name__)
 
+#: classifier parameters: dropped when they do not fit, allowed to be missing (a new head)
 HEAD_PREFIXES = ("head.", "head_dist.", "fc_norm.")
+#: parameters a checkpoint may lack without the load being partial: a new classifier, and a
+#: distillation token when a plain checkpoint initialises a distilled model
+OPTIONAL_KEYS = HEAD_PREFIXES + ("dist_token",)
+#: the key that marks where the backbone sits inside a whole-model checkpoint
+ANCHOR = "patch_embed.proj.weight"
+_WRAPPERS = ("module.", "_orig_mod.")  # DDP / torch.compile
 
 
 class CheckpointError(ValueError):
     """A checkpoint cannot be used for this model; the message says why and what to do."""
+
+
+def group_keys(keys: Iterable[str]) -> List[str]:
+    """A few lines for many keys, detectron2-style: ``units.{1,2}.blocks.* (24)``."""
+    groups: Dict[str, List] = {}
+    for key in keys:
+        m = re.match(r"^units\.(\d+)\.(blocks|router|step_transforms)\b", key)
+        if m:
+            entry = groups.setdefault(f"units.{{}}.{m.group(2)}.*", [set(), 0])
+            entry[0].add(int(m.group(1)))
+        else:
+            top = key.split(".")[0]
+            entry = groups.setdefault(top if top == key else f"{top}.*", [set(), 0])
+        entry[1] += 1
+    lines = []
+    for pattern, (units, count) in groups.items():
+        if units:
+            ids = sorted(units)
+            pattern = pattern.format(ids[0] if len(ids) == 1 else "{" + ",".join(map(str, ids)) + "}")
+        lines.append(f"{pattern} ({count})" if count > 1 else pattern)
+    return lines
 
 
 @dataclass
@@ -29,10 +61,16 @@ class LoadReport:
     """What happened to every key of a checkpoint."""
     loaded: List[str] = field(default_factory=list)
     missing: List[str] = field(default_factory=list)          # model keys not in the checkpoint
-    unexpected: List[str] = field(default_factory=list)       # checkpoint keys the model lacks
+    unexpected: List[str] = field(default_factory=list)       # backbone keys the model lacks (e.g. pruned units)
     mismatched: List[str] = field(default_factory=list)       # same key, other shape (skipped)
     dropped: List[str] = field(default_factory=list)          # removed on purpose (classifier)
-    notes: List[str] = field(default_factory=list)            # conversions (key maps, resizes)
+    outside: List[str] = field(default_factory=list)          # keys outside the backbone (detector, heads)
+    notes: List[str] = field(default_factory=list)            # conversions (prefix, key maps, resizes)
+
+    @property
+    def required_missing(self) -> List[str]:
+        """Missing keys that make the load partial (everything but a new classifier)."""
+        return [k for k in self.missing if not k.startswith(OPTIONAL_KEYS)]
 
     @property
     def complete(self) -> bool:
@@ -41,23 +79,38 @@ class LoadReport:
     def summary(self) -> str:
         lines = [f"loaded {len(self.loaded)} tensors"]
         lines += [f"  note: {n}" for n in self.notes]
-        for name, keys in (("dropped", self.dropped), ("missing (left at init)", self.missing),
-                           ("unexpected (ignored)", self.unexpected), ("shape mismatch (skipped)", self.mismatched)):
+        for name, keys in (("MISSING, left at their initialisation", self.required_missing),
+                           ("new classifier, left at its initialisation",
+                            [k for k in self.missing if k.startswith(OPTIONAL_KEYS)]),
+                           ("shape mismatch, skipped", self.mismatched),
+                           ("not in this model, ignored", self.unexpected),
+                           ("dropped (classifier that does not fit)", self.dropped),
+                           ("outside the backbone, ignored", self.outside)):
             if keys:
-                lines.append(f"  {name}: {len(keys)}")
-                lines += [f"    {k}" for k in keys]
+                lines.append(f"  {name}: {len(keys)} tensors: " + ", ".join(group_keys(keys)))
         return "\n".join(lines)
 
 
 def read_checkpoint(path: str) -> Any:
-    """``torch.load`` with torch >= 2.6's safe default (``weights_only=True``)."""
+    """``torch.load`` with torch >= 2.6's safe default (``weights_only=True``), or a
+    ``.safetensors`` file; anything else is a ``CheckpointError`` that says what it is."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint file not found: {path}")
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file  # a timm dependency
+
+        return load_file(path)
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):  # torch.save: zip, or legacy pickle
+        raise CheckpointError(f"{path} is not a PyTorch checkpoint (it starts with {head!r}; expected a file "
+                              f"written by torch.save, or a .safetensors file)")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint file not found: {path}") from None
-    except Exception as e:  # pickle.UnpicklingError and friends
+    except Exception as e:  # pickle.UnpicklingError, RuntimeError of a damaged zip, ...
         if "Weights only load failed" not in str(e) and "Unsupported global" not in str(e):
-            raise
+            raise CheckpointError(f"{path} could not be read as a PyTorch checkpoint "
+                                  f"({type(e).__name__}: {str(e).splitlines()[0]}); is the file complete?") from e
         unsupported = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
         raise CheckpointError(
             f"{path} holds Python objects ({unsupported.group(1) if unsupported else 'not plain tensors'}) that "
@@ -66,7 +119,8 @@ def read_checkpoint(path: str) -> Any:
 
 
 def extract_state_dict(obj: Any, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:
-    """The model weights inside a checkpoint object (pretraining, timm, DeiT, mmengine)."""
+    """The weights inside a checkpoint object (pretraining, timm, DeiT, mmengine, detectron2),
+    DDP / torch.compile wrapper prefixes removed; framework prefixes are kept."""
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"a checkpoint must be a dict, got {type(obj).__name__}")
     keys = ("model_ema", "state_dict_ema", "model", "state_dict") if prefer_ema else ("model", "state_dict")
@@ -78,11 +132,33 @@ def extract_state_dict(obj: Any, prefer_ema: bool = False) -> Dict[str, torch.Te
             break
     sd = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
     if not sd:
-        raise CheckpointError("the checkpoint holds no tensors (expected a state dict or {'model': ...})")
-    for prefix in ("module.", "_orig_mod."):  # DDP / torch.compile wrappers
+        raise CheckpointError("the checkpoint holds no tensors (expected a state dict, {'model': ...} or "
+                              "{'state_dict': ...})")
+    for prefix in _WRAPPERS:
         if all(k.startswith(prefix) for k in sd):
             sd = {k[len(prefix):]: v for k, v in sd.items()}
     return sd
+
+
+def select_backbone(sd: Dict[str, torch.Tensor], prefix: Optional[str], report: LoadReport) -> Dict[str, torch.Tensor]:
+    """The backbone's keys, prefix removed: ``prefix`` when given (mmengine's ``init_cfg``
+    ``prefix``), else found where ``patch_embed.proj.weight`` sits (``backbone.net.srvit.``...)."""
+    if prefix is None:
+        found = sorted({k[:-len(ANCHOR)] for k in sd if k.endswith(ANCHOR)})
+        if len(found) > 1:
+            raise CheckpointError(f"the checkpoint holds several ViTs (under {found}): name the one to load "
+                                  f"with prefix=... (mmseg: init_cfg=dict(type='Pretrained', prefix=...))")
+        prefix = found[0] if found else ""
+    if not prefix:
+        return sd
+    selected = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+    if not selected:
+        tops = sorted({k.split(".")[0] + "." for k in sd})
+        raise CheckpointError(f"no key of the checkpoint starts with prefix {prefix!r}; its keys start with "
+                              f"{', '.join(tops[:10])}")
+    report.outside = [k for k in sd if not k.startswith(prefix)]
+    report.notes.append(f"took the backbone under {prefix!r}")
+    return selected
 
 
 def _unit_block_names(model: nn.Module) -> List[str]:
@@ -108,7 +184,8 @@ def map_vit_block_keys(sd: Dict[str, torch.Tensor], model: nn.Module, report: Lo
 
 
 def adapt_pos_embed(pos_embed: torch.Tensor, model: nn.Module, report: Optional[LoadReport] = None) -> torch.Tensor:
-    """Resize a (1, prefix + h*w, D) table to the model's grid and prefix-token count."""
+    """Resize a (1, prefix + h*w, D) table to the model's grid and prefix-token count, with
+    the model's own interpolation (``pos_embed_interp``)."""
     target = model.pos_embed
     if pos_embed.shape[-1] != target.shape[-1]:
         return pos_embed  # a width mismatch: reported by the shape check
@@ -131,16 +208,16 @@ def adapt_pos_embed(pos_embed: torch.Tensor, model: nn.Module, report: Optional[
         if report is not None:
             report.notes.append(f"pos_embed prefix tokens {n_prefix_old} -> {n_prefix_new}")
     if (side, side) != tuple(grid_new):
-        grid_tokens = resample_abs_pos_embed(grid_tokens, new_size=list(grid_new), old_size=[side, side],
-                                             num_prefix_tokens=0, interpolation="bicubic", antialias=False)
+        grid_tokens = resize_pos_embed(grid_tokens, (side, side), grid_new, model.pos_embed_interp)
         if report is not None:
-            report.notes.append(f"pos_embed resized {side}x{side} -> {grid_new[0]}x{grid_new[1]} (bicubic)")
+            report.notes.append(f"pos_embed resized {side}x{side} -> {grid_new[0]}x{grid_new[1]} "
+                                f"({model.pos_embed_interp})")
     return torch.cat([prefix, grid_tokens], dim=1)
 
 
 def convert_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module,
                        report: Optional[LoadReport] = None) -> Dict[str, torch.Tensor]:
-    """Map keys and resize the position embedding of ``sd`` for ``model``."""
+    """Map keys and resize the position embedding of a backbone state dict for ``model``."""
     report = report if report is not None else LoadReport()
     sd = map_vit_block_keys(dict(sd), model, report)
     if "pos_embed" in sd:
@@ -157,15 +234,23 @@ def convert_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module,
     return sd
 
 
-def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: nn.Module) -> Dict[str, torch.Tensor]:
-    """timm's ``pretrained_filter_fn``: unwrap, map keys, resize pos_embed."""
-    sd = extract_state_dict(state_dict)
-    return convert_state_dict(sd, model)
+def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: nn.Module,
+                         allow_partial: bool = False) -> Dict[str, torch.Tensor]:
+    """timm's ``pretrained_filter_fn``: unwrap, take the backbone, map keys, resize pos_embed.
+    timm loads non-strictly whenever the head changes (always for ``features_only``), so
+    missing backbone weights are refused here, unless ``allow_partial``
+    (``timm.create_model(..., pretrained_strict=False)``)."""
+    report = LoadReport()
+    sd = convert_state_dict(select_backbone(extract_state_dict(state_dict), None, report), model, report)
+    report.missing = [k for k in model.state_dict() if k not in sd]
+    if report.required_missing and not allow_partial:
+        raise _partial_error(report, "the pretrained file")
+    return sd
 
 
 def _diagnose(sd: Mapping[str, torch.Tensor], model: nn.Module) -> str:
     hints = []
-    w_ckpt = sd.get("patch_embed.proj.weight")
+    w_ckpt = sd.get(ANCHOR)
     if w_ckpt is not None and w_ckpt.shape[0] != model.embed_dim:
         hints.append(f"the checkpoint's width is {w_ckpt.shape[0]}, the model's {model.embed_dim}")
     steps = {int(v.shape[0]) for k, v in sd.items() if k.endswith("router.weight")}
@@ -174,34 +259,55 @@ def _diagnose(sd: Mapping[str, torch.Tensor], model: nn.Module) -> str:
     return ("; ".join(hints) + ". ") if hints else ""
 
 
-def load_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Any]], prefer_ema: bool = False,
-                    allow_shape_mismatch: bool = False, log: Optional[logging.Logger] = None) -> LoadReport:
-    """Load a checkpoint (path or dict) into an ``SRViT`` and return/log a ``LoadReport``.
+def _partial_error(report: LoadReport, source: str) -> CheckpointError:
+    missing = report.required_missing
+    hint = ""
+    if any(".router." in k or ".step_transforms." in k for k in missing) and \
+            not any(".blocks." in k for k in missing):
+        hint = ("Only the recursion parameters (routers, step transforms) are missing, as when a plain ViT "
+                "(T=1) initialises a recursive model. ")
+    return CheckpointError(
+        f"{source} does not hold {len(missing)} of this model's backbone tensors:\n  "
+        + "\n  ".join(group_keys(missing))
+        + f"\n{report.summary()}\n{hint}Check that the checkpoint belongs to this variant (layout, T); to "
+          f"start the missing tensors from their initialisation on purpose, pass allow_partial=True "
+          f"(the backbones' allow_partial option in the framework configs; timm: pretrained_strict=False).")
 
-    Tensors whose shape differs after conversion (another width or T) raise a
-    ``CheckpointError`` naming them, unless ``allow_shape_mismatch`` (then they are skipped
-    and listed). Missing and unexpected keys are listed in the log, never silently ignored.
+
+def load_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Any]], prefer_ema: bool = False,
+                    allow_partial: bool = False, prefix: Optional[str] = None, allow_shape_mismatch: bool = False,
+                    log: Optional[logging.Logger] = None) -> LoadReport:
+    """Load a checkpoint (path or dict) into an ``SRViT``; returns and logs a ``LoadReport``.
+
+    Every backbone tensor must come from the checkpoint: a missing one (other than a new
+    classifier) raises ``CheckpointError`` with a grouped list, unless ``allow_partial``.
+    Tensors of another shape (another width or T) raise, unless ``allow_shape_mismatch``.
+    Checkpoint keys the model does not have (units a pruned backbone dropped, a final norm)
+    and keys outside the backbone are reported, not loaded.
     """
     log = log or logger
+    source = checkpoint if isinstance(checkpoint, str) else "the checkpoint"
     obj = read_checkpoint(checkpoint) if isinstance(checkpoint, str) else checkpoint
     report = LoadReport()
-    sd = convert_state_dict(extract_state_dict(obj, prefer_ema), model, report)
+    sd = select_backbone(extract_state_dict(obj, prefer_ema), prefix, report)
+    sd = convert_state_dict(sd, model, report)
     model_sd = model.state_dict()
     mismatched = [k for k, v in sd.items() if k in model_sd and model_sd[k].shape != v.shape]
     if mismatched and not allow_shape_mismatch:
         details = "\n".join(f"  {k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(model_sd[k].shape)}"
                             for k in mismatched[:20])
         raise CheckpointError(
-            f"{len(mismatched)} tensors have another shape than the model's. {_diagnose(sd, model)}"
+            f"{len(mismatched)} tensors of {source} have another shape than the model's. {_diagnose(sd, model)}"
             f"Use the variant (width, T) the checkpoint was trained with.\n{details}")
+    report.mismatched = mismatched
     for k in mismatched:
         del sd[k]
-    report.mismatched = mismatched
-    result = model.load_state_dict(sd, strict=False)
-    report.missing = list(result.missing_keys)
-    report.unexpected = list(result.unexpected_keys)
-    report.loaded = [k for k in sd if k not in report.unexpected]
-    level = logging.INFO if report.complete else logging.WARNING
-    source = checkpoint if isinstance(checkpoint, str) else "state dict"
-    log.log(level, "SR-ViT weights from %s: %s", source, report.summary())
+    report.missing = [k for k in model_sd if k not in sd]
+    report.unexpected = [k for k in sd if k not in model_sd]
+    if report.required_missing and not allow_partial:
+        raise _partial_error(report, source)
+    model.load_state_dict({k: v for k, v in sd.items() if k in model_sd}, strict=False)
+    report.loaded = [k for k in sd if k in model_sd]
+    partial = bool(report.required_missing or report.mismatched)
+    log.log(logging.WARNING if partial else logging.INFO, "SR-ViT weights from %s: %s", source, report.summary())
     return report

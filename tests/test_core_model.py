@@ -117,6 +117,53 @@ def test_hard_picks_each_tokens_argmax_step():
     assert torch.equal(weights.argmax(-1), choice) and torch.equal(weights.sum(-1), torch.ones(3, 9))
 
 
+def _hard_reference_router_grad(unit, x, grad_out):
+    """Straight-through gradient written out: the chosen weight alpha_c enters as
+    alpha_c / stop_grad(alpha_c), so d loss / d logits = (g . h_c) * (one_hot_c - alpha)."""
+    with torch.no_grad():
+        steps = _step_outputs(unit, x)
+        alpha = torch.softmax(unit.router(x), dim=-1)
+        choice = alpha.argmax(-1)
+        h_c = torch.gather(steps, -1, choice[..., None, None].expand(-1, -1, steps.shape[2], 1)).squeeze(-1)
+        d_logits = (grad_out * h_c).sum(-1, keepdim=True) * (torch.nn.functional.one_hot(choice, unit.num_steps) - alpha)
+    return d_logits.reshape(-1, unit.num_steps).T @ x.reshape(-1, x.shape[-1]), d_logits.sum((0, 1)), h_c
+
+
+def test_hard_router_gradient_is_the_straight_through_estimate():
+    unit = randomize(SoftMoRUnit(blocks(1), num_steps=3, aggregation="hard"))
+    x, grad_out = torch.randn(2, 7, 32), torch.randn(2, 7, 32)
+    weight_grad, bias_grad, h_c = _hard_reference_router_grad(unit, x, grad_out)
+    y = unit(x)
+    torch.testing.assert_close(y, h_c)
+    y.backward(grad_out)
+    torch.testing.assert_close(unit.router.weight.grad, weight_grad)
+    torch.testing.assert_close(unit.router.bias.grad, bias_grad)
+
+
+@pytest.mark.parametrize("bias,chosen", [((0.0, 200.0), 1), ((0.0, 0.0), 0)], ids=["saturated", "tie"])
+def test_hard_is_finite_for_a_saturated_router_and_picks_the_first_of_ties(bias, chosen):
+    """bias (0, 200): the other step's softmax weight underflows to exactly 0, which made the
+    old estimator 0 * 0 / 0 = NaN. A tie (zero router) picks the first step, like argmax."""
+    unit = randomize(SoftMoRUnit(blocks(1), num_steps=2, aggregation="hard"))
+    with torch.no_grad():
+        unit.router.weight.zero_()
+        unit.router.bias.copy_(torch.tensor(bias))
+    x = torch.randn(2, 5, 32, requires_grad=True)
+    alpha = unit.router_weights(x)
+    if chosen == 1:
+        assert (alpha[..., 0] == 0).all(), "the test needs a weight that underflows to 0"
+    y, weights = unit(x, return_weights=True)
+    torch.testing.assert_close(y, _step_outputs(unit, x)[..., chosen])
+    assert (weights.argmax(-1) == chosen).all()
+    grad_out = torch.randn_like(y)
+    y.backward(grad_out)
+    grads = [x.grad] + [p.grad for p in unit.parameters()]
+    assert all(torch.isfinite(g).all() for g in grads)
+    weight_grad, bias_grad, _ = _hard_reference_router_grad(unit, x.detach(), grad_out)
+    torch.testing.assert_close(unit.router.bias.grad, bias_grad)
+    torch.testing.assert_close(unit.router.weight.grad, weight_grad)
+
+
 def saved_activation_bytes(module, x):
     """Bytes of the distinct tensors autograd keeps for the backward pass of module(x),
     parameters excluded."""
@@ -173,6 +220,38 @@ def test_zero_init_is_configurable():
         assert unit.router.weight.abs().sum() == 0 and unit.step_transforms[0].weight.abs().sum() == 0
 
 
+def test_init_weights_without_arguments_keeps_the_built_settings():
+    """Frameworks call ``init_weights()`` with no arguments (mmengine's BaseModule does):
+    it must not reset ``zero_init_recursion=False`` or the init mode."""
+    model = tiny(zero_init_recursion=False, weight_init="jax", num_classes=5)
+    model.init_weights()
+    for unit in model.units[1:-1]:
+        assert unit.router.weight.abs().sum() > 0 and unit.step_transforms[0].weight.abs().sum() > 0
+    assert model.head.weight.abs().sum() == 0  # jax mode: zero head
+    model.init_weights(zero_init_recursion=True)
+    assert all(u.router.weight.abs().sum() == 0 for u in model.units[1:-1])
+
+
+def test_weight_init_modes_follow_timm():
+    """'jax' is timm's JAX init (zero head, xavier-uniform linears, 1e-6 MLP biases), not the
+    default truncated normal; an unknown mode names the choices."""
+    torch.manual_seed(0)
+    timm_model = tiny(weight_init="")
+    jax = tiny(weight_init="jax")
+    qkv_t, qkv_j = timm_model.units[0].blocks[0].attn.qkv.weight, jax.units[0].blocks[0].attn.qkv.weight
+    bound = (6 / (qkv_j.shape[0] + qkv_j.shape[1])) ** 0.5
+    assert qkv_j.abs().max() <= bound and qkv_j.std().item() > 0.5 * bound / 3 ** 0.5
+    assert qkv_t.std().item() == pytest.approx(0.02, rel=0.15)
+    assert jax.head.weight.abs().sum() == 0 and timm_model.head.weight.abs().sum() > 0
+    fc1_bias = jax.units[0].blocks[0].mlp.fc1.bias
+    assert 0 < fc1_bias.abs().max() < 1e-4
+    assert (timm_model.units[0].blocks[0].mlp.fc1.bias == 0).all()
+    nlhb = tiny(weight_init="jax_nlhb", num_classes=5)
+    torch.testing.assert_close(nlhb.head.bias, torch.full((5,), -torch.log(torch.tensor(5.0)).item()))
+    with pytest.raises(ValueError, match="weight_init must be one of.*'jax'"):
+        tiny(weight_init="xavier")
+
+
 # ----------------------------------------------------------------------------- model
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_every_variant_builds_and_runs(name):
@@ -224,6 +303,28 @@ def test_drop_path_is_scheduled_over_effective_depth():
     torch.manual_seed(0)
     a = model(torch.randn(4, 3, 32, 32))
     assert torch.isfinite(a).all()
+
+
+def test_each_block_application_drops_with_its_own_rate():
+    """A shared block's applications have their own rates: with rates (0, 1, 1, 0) over
+    (step 0: b0, b1; step 1: b0, b1) only b0 then b1 run; with (1, 0, 0, 1) only b1 then b0."""
+    bs = blocks(2)
+    x = torch.randn(3, 5, 32)
+    for rates, order in [((0.0, 1.0, 1.0, 0.0), (0, 1)), ((1.0, 0.0, 0.0, 1.0), (1, 0))]:
+        unit = SoftMoRUnit(copy.deepcopy(bs), num_steps=2, aggregation="last", step_transforms=False,
+                           drop_path_rates=rates).train()
+        torch.testing.assert_close(unit(x), bs[order[1]](bs[order[0]](x)))
+    # an intermediate rate r drops each of the application's two residual branches per sample
+    # with probability r: both are dropped, leaving the input unchanged, for r^2 of 4000 samples
+    torch.manual_seed(0)
+    x = torch.randn(4000, 2, 32)
+    with torch.no_grad():
+        h = bs[1](bs[0](x))
+        for rate in (0.3, 0.6):
+            unit = SoftMoRUnit(copy.deepcopy(bs), num_steps=2, aggregation="last", step_transforms=False,
+                               drop_path_rates=(0.0, 0.0, rate, 0.0)).train()
+            skipped = torch.isclose(unit(x), bs[1](h), atol=1e-5).flatten(1).all(1)
+            assert abs(skipped.float().mean().item() - rate ** 2) < 0.025, rate
 
 
 def test_checkpointed_and_plain_forward_backward_agree():
@@ -395,3 +496,57 @@ def test_block_application_with_zero_drop_path_equals_block():
     b = blocks(1)[0]
     x = torch.randn(2, 3, 32)
     torch.testing.assert_close(apply_block(b, x, 0.0, True), b(x))
+
+
+def test_prune_intermediate_layers_keeps_the_model_consistent():
+    model = create_srvit("srvit_s_t2", img_size=32, embed_dim=32, num_heads=2, num_classes=0)
+    assert model.prune_intermediate_layers([1, 3], prune_norm=True) == [1, 3]
+    assert len(model.units) == 4 and model.unit_sizes == [1, 4, 3, 2]
+    assert [f["module"] for f in model.feature_info] == ["units.0", "units.1", "units.2", "units.3"]
+    assert model.recursive_unit_indices == (1, 2, 3)
+    assert model.effective_depth == 1 + 2 * (4 + 3 + 2)
+    x = torch.randn(2, 3, 32, 32)
+    feats = model.forward_feature_maps(x)  # the remaining recursive units, no KeyError
+    assert set(feats) == {"unit1", "unit2", "unit3", "last_feat"}
+    torch.testing.assert_close(feats["last_feat"], feats["unit3"])
+    sum(f.sum() for f in feats.values()).backward()
+    assert all(p.grad is not None for p in model.parameters())  # nothing held without a gradient
+    with pytest.raises(ValueError, match="feature index 4 does not exist"):
+        model.forward_feature_maps(x, indices=[4])
+
+
+def test_timm_layer_decay_uses_the_one_rule():
+    """timm's create_optimizer_v2(layer_decay=...) groups by group_matcher: every parameter
+    must get the factor of srvit_backbones.layer_decay."""
+    from timm.optim import create_optimizer_v2
+
+    from srvit_backbones.layer_decay import lr_decay_factor
+
+    model = create_srvit("srvit_s_t3", img_size=32, embed_dim=32, num_heads=2, num_classes=4, distilled=True)
+    opt = create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05, layer_decay=0.7)
+    scale = {id(p): g["lr_scale"] for g in opt.param_groups for p in g["params"]}
+    named = list(model.named_parameters())
+    assert len(scale) == len(named)
+    for name, p in named:
+        assert scale[id(p)] == pytest.approx(lr_decay_factor(name, 0.7, model.unit_sizes)), name
+    assert len({round(v, 12) for v in scale.values()}) == sum(model.unit_sizes) + 2  # embeddings .. head
+
+
+def test_features_only_pretrained_loading_is_strict(tmp_path):
+    full = timm.create_model("srvit_s_t2", img_size=32, embed_dim=32, num_heads=2, num_classes=0)
+    sd = full.state_dict()
+    torch.save(sd, tmp_path / "full.pth")
+    backbone = timm.create_model("srvit_s_t2", img_size=32, embed_dim=32, num_heads=2, features_only=True,
+                                 pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path / "full.pth")))
+    for name, value in backbone.model.state_dict().items():
+        assert torch.equal(value, sd[name]), name
+    assert len(backbone.model.units) == 5  # pruned after the last recursive unit
+    del sd["units.2.blocks.1.attn.qkv.weight"]
+    torch.save(sd, tmp_path / "partial.pth")
+    with pytest.raises(srvit_backbones.CheckpointError, match=r"does not hold 1 of.*\n  units\.2\.blocks\.\*"):
+        timm.create_model("srvit_s_t2", img_size=32, embed_dim=32, num_heads=2, features_only=True,
+                          pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path / "partial.pth")))
+    partial = timm.create_model("srvit_s_t2", img_size=32, embed_dim=32, num_heads=2, features_only=True,
+                                pretrained=True, pretrained_strict=False,
+                                pretrained_cfg_overlay=dict(file=str(tmp_path / "partial.pth")))
+    assert torch.equal(partial.model.units[2].blocks[1].attn.proj.weight, sd["units.2.blocks.1.attn.proj.weight"])

@@ -14,7 +14,7 @@ import argparse
 import torch
 
 from srvit_backbones import create_srvit, load_pretrained
-from srvit_backbones.checkpoint import read_checkpoint
+from srvit_backbones.checkpoint import CheckpointError, read_checkpoint
 
 
 def main(argv=None):
@@ -24,12 +24,20 @@ def main(argv=None):
     parser.add_argument("--model", required=True, help="the SR-ViT variant the weights belong to")
     parser.add_argument("--img-size", type=int, default=224, help="position-embedding table size to write")
     parser.add_argument("--ema", action="store_true", help="take the EMA weights when present")
+    parser.add_argument("--prefix", default=None,
+                        help="take the weights under this key prefix (default: found by the patch embedding)")
+    parser.add_argument("--allow-missing", action="store_true",
+                        help="write the file even if backbone weights are missing (they keep their initialisation)")
     parser.add_argument("--trust", action="store_true",
                         help="load with weights_only=False (only for files you trust)")
     args = parser.parse_args(argv)
-    obj = torch.load(args.src, map_location="cpu", weights_only=False) if args.trust else read_checkpoint(args.src)
-    model = create_srvit(args.model, num_classes=0, global_pool="", img_size=args.img_size)
-    report = load_pretrained(model, obj, prefer_ema=args.ema)
+    try:
+        obj = torch.load(args.src, map_location="cpu", weights_only=False) if args.trust else read_checkpoint(args.src)
+        model = create_srvit(args.model, num_classes=0, global_pool="", img_size=args.img_size)
+        report = load_pretrained(model, obj, prefer_ema=args.ema, allow_partial=args.allow_missing,
+                                 prefix=args.prefix)
+    except CheckpointError as e:
+        raise SystemExit(f"error: {e}\nnothing was written (--allow-missing writes an incomplete file)") from None
     print(report.summary())
     torch.save({"model": model.state_dict(), "variant": args.model}, args.dst)
     print(f"wrote {args.dst} ({args.model}, {args.img_size}x{args.img_size} position table, no head)")

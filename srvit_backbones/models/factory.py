@@ -4,13 +4,14 @@ After ``import srvit_backbones``, ``timm.create_model('srvit_s_t3', ...)`` works
 weights are hosted: load a local file with
 ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``.
 """
+from functools import partial
 from typing import Any, Dict
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from ..checkpoint import checkpoint_filter_fn
-from .srvit import SRViT, make_layout
+from .srvit import SRViT, default_out_indices, resolve_layout
 
 # width / heads per size; blocks = first + middle + last ordinary blocks
 SIZES: Dict[str, Dict[str, Any]] = {
@@ -53,27 +54,22 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 default_cfgs = generate_default_cfgs({name: _cfg() for name in VARIANTS})
 
 
-def default_out_indices(args: Dict[str, Any]):
-    """features_only / dense default: the recursive units, or layers 3/6/9/12 for DeiT."""
-    n_units = len(args["layout"]) + 2
-    return (2, 5, 8, 11) if n_units == 12 and set(args["layout"]) == {1} else tuple(range(1, n_units - 1))
-
-
 def create_srvit(variant: str, pretrained: bool = False, **kwargs) -> SRViT:
     """Build a named variant; ``kwargs`` override its arguments (``num_steps``, ``layout``, ...)
     or are timm's (``features_only``, ``out_indices``, ``pretrained_cfg_overlay``)."""
     args = variant_args(variant)
     args.update(kwargs)
-    if isinstance(args["layout"], str):
-        args["layout"] = make_layout(args["layout"], args["num_middle_blocks"])
+    layout = resolve_layout(args["layout"], args["num_middle_blocks"])
     overlay = dict(args.pop("pretrained_cfg_overlay", None) or {})
+    strict = args.pop("pretrained_strict", True)
     if args.get("distilled"):
         overlay.setdefault("classifier", ("head", "head_dist"))
     return build_model_with_cfg(
         SRViT, variant, pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
+        pretrained_filter_fn=partial(checkpoint_filter_fn, allow_partial=not strict),
+        pretrained_strict=strict,
         pretrained_cfg_overlay=overlay or None,
-        feature_cfg=dict(out_indices=default_out_indices(args), feature_cls="getter"),
+        feature_cfg=dict(out_indices=default_out_indices(layout), feature_cls="getter"),
         **args,
     )
 

@@ -124,11 +124,14 @@ class SoftMoRUnit(nn.Module):
 
         alpha = self.router_weights(x)
         if self.aggregation == "hard":
-            # Forward value is exactly the argmax step's output; the router still gets a
-            # gradient through alpha / alpha.detach() (straight-through).
+            # Straight-through: the forward value is exactly the argmax step's output (weight
+            # sel / sel.detach() == 1) and the router gets the chosen weight's gradient. Only
+            # the chosen weight is divided, and it is >= 1/T, so a saturated router whose other
+            # weights underflow to 0 stays finite (0 * 0 / 0 would be NaN).
             index = alpha.argmax(dim=-1, keepdim=True)
             one_hot = torch.zeros_like(alpha).scatter_(-1, index, 1.0)
-            weights = one_hot * alpha / alpha.detach()
+            chosen = alpha.gather(-1, index)
+            weights = one_hot * (chosen / chosen.detach())
         else:
             weights = alpha
         weights = weights.to(x.dtype)

@@ -13,12 +13,14 @@ import torch
 import torch.nn as nn
 from timm.layers import PatchEmbed, resample_abs_pos_embed, trunc_normal_
 from timm.models._features import feature_take_indices
-from timm.models.vision_transformer import Block, init_weights_vit_timm
+from timm.models._manipulate import named_apply
+from timm.models.vision_transformer import Block, get_init_weights_vit
 
-from ..layer_decay import layer_depth
+from ..layer_decay import layer_depth, layer_id
 from .softmor import SoftMoRUnit
 
 ORGANISATIONS = ("coarse_to_fine", "fine_to_coarse", "coarse_grained", "fine_grained")
+WEIGHT_INITS = ("", "jax", "jax_nlhb", "moco")
 
 
 def make_layout(organisation: str, num_middle_blocks: int) -> Tuple[int, ...]:
@@ -44,6 +46,34 @@ def make_layout(organisation: str, num_middle_blocks: int) -> Tuple[int, ...]:
     return sizes if organisation == "coarse_to_fine" else sizes[::-1]
 
 
+def resolve_layout(layout: Union[str, Sequence[int]], num_middle_blocks: int) -> Tuple[int, ...]:
+    """The one place a ``layout`` argument (organisation name or unit sizes) becomes unit sizes."""
+    if isinstance(layout, str):
+        return make_layout(layout, num_middle_blocks)
+    layout = tuple(layout)
+    if len(layout) == 0 or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in layout):
+        raise ValueError(f"layout must be an organisation name {ORGANISATIONS} or a non-empty sequence of "
+                         f"unit sizes >= 1, got {layout!r}")
+    return layout
+
+
+def default_out_indices(layout: Sequence[int]) -> Tuple[int, ...]:
+    """Dense-prediction default: the recursive units, or layers 3/6/9/12 of a plain 12-block ViT."""
+    if len(layout) == 10 and set(layout) == {1}:
+        return (2, 5, 8, 11)
+    return tuple(range(1, len(layout) + 1))
+
+
+def resize_pos_embed(grid_tokens: torch.Tensor, old_grid: Sequence[int], new_grid: Sequence[int],
+                     mode: str = "bicubic") -> torch.Tensor:
+    """Resize a (1, h*w, D) position table without prefix tokens; the one resize used at run
+    time (dense inputs) and at load time (checkpoints of another resolution)."""
+    if tuple(old_grid) == tuple(new_grid):
+        return grid_tokens
+    return resample_abs_pos_embed(grid_tokens, new_size=list(new_grid), old_size=list(old_grid),
+                                  num_prefix_tokens=0, interpolation=mode, antialias=False)
+
+
 class SRViT(nn.Module):
     """Soft Mixture-of-Recursions Vision Transformer (timm-style model).
 
@@ -54,7 +84,9 @@ class SRViT(nn.Module):
         aggregation / step_transforms / zero_init_recursion: see ``SoftMoRUnit``.
         distilled: add a DeiT distillation token and head.
         drop_path_rate: stochastic depth, linearly scheduled over the effective depth.
-        pos_embed_interp: interpolation used to resize the position embedding at run time.
+        pos_embed_interp: interpolation used to resize the position embedding, at run time
+            and when a checkpoint of another resolution is loaded.
+        weight_init: timm's ViT init modes: '' (timm), 'jax', 'jax_nlhb', 'moco'.
     """
 
     def __init__(
@@ -89,11 +121,9 @@ class SRViT(nn.Module):
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
         if global_pool not in ("token", ""):
             raise ValueError(f"global_pool must be 'token' or '', got {global_pool!r}")
-        if isinstance(layout, str):
-            layout = make_layout(layout, num_middle_blocks)
-        layout = tuple(layout)
-        if len(layout) == 0 or any((not isinstance(k, int)) or k < 1 for k in layout):
-            raise ValueError(f"layout must be a non-empty sequence of unit sizes >= 1, got {layout!r}")
+        if weight_init not in WEIGHT_INITS:
+            raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")
+        layout = resolve_layout(layout, num_middle_blocks)
 
         self.num_classes = num_classes
         self.global_pool = global_pool
@@ -104,6 +134,8 @@ class SRViT(nn.Module):
         self.distilled = distilled
         self.num_prefix_tokens = 2 if distilled else 1
         self.pos_embed_interp = pos_embed_interp
+        self.weight_init = weight_init
+        self.zero_init_recursion = zero_init_recursion
         self.distilled_training = False  # DeiT: return (cls, dist) logits in training when set
         self.grad_checkpointing = False
 
@@ -140,18 +172,22 @@ class SRViT(nn.Module):
             if distilled else None
         self.feature_info = [dict(num_chs=embed_dim, reduction=self.patch_size, module=f"units.{i}")
                              for i in range(len(units))]
-        self.init_weights(weight_init, zero_init_recursion)
+        self.init_weights()
 
     # ----------------------------------------------------------------- timm conventions
-    def init_weights(self, mode: str = "", zero_init_recursion: bool = True):
-        if mode not in ("", "jax"):
-            raise ValueError(f"weight_init must be '' or 'jax', got {mode!r}")
+    def init_weights(self, mode: Optional[str] = None, zero_init_recursion: Optional[bool] = None):
+        """(Re-)initialise all weights as timm's ViT does for ``mode``; the defaults are the
+        settings the model was built with, so a framework calling ``init_weights()`` keeps them."""
+        mode = self.weight_init if mode is None else mode
+        if mode not in WEIGHT_INITS:
+            raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {mode!r}")
+        zero_init_recursion = self.zero_init_recursion if zero_init_recursion is None else zero_init_recursion
+        head_bias = -math.log(self.num_classes) if "nlhb" in mode and self.num_classes > 0 else 0.0
         trunc_normal_(self.pos_embed, std=0.02)
         nn.init.normal_(self.cls_token, std=1e-6)
         if self.dist_token is not None:
             trunc_normal_(self.dist_token, std=0.02)
-        for child in self.children():  # not self.apply: timm's init recurses into init_weights
-            child.apply(init_weights_vit_timm)
+        named_apply(get_init_weights_vit(mode, head_bias), self)
         for unit in self.units:
             unit.reset_recursion_parameters(zero_init_recursion)
 
@@ -170,8 +206,14 @@ class SRViT(nn.Module):
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False):
-        return dict(stem=r"^cls_token|^dist_token|^pos_embed|^patch_embed",
-                    blocks=[(r"^units\.(\d+)", None), (r"^norm", (99999,))])
+        """timm's parameter grouping. Fine: one group per layer id of ``layer_decay`` (so
+        ``create_optimizer_v2(layer_decay=...)`` gives the factors of the one rule); coarse:
+        one group per unit."""
+        if coarse:
+            return dict(stem=r"^cls_token|^dist_token|^pos_embed|^patch_embed",
+                        blocks=[(r"^units\.(\d+)", None), (r"^norm", (99999,))])
+        unit_sizes = self.unit_sizes
+        return lambda name: layer_id(name, unit_sizes)
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True):
@@ -216,9 +258,9 @@ class SRViT(nn.Module):
     def _pos_embed(self, x: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
         pos_embed = self.pos_embed
         if tuple(grid) != self.pretrain_grid:
-            pos_embed = resample_abs_pos_embed(pos_embed, new_size=list(grid), old_size=list(self.pretrain_grid),
-                                               num_prefix_tokens=self.num_prefix_tokens,
-                                               interpolation=self.pos_embed_interp, antialias=False)
+            n = self.num_prefix_tokens
+            pos_embed = torch.cat([pos_embed[:, :n], resize_pos_embed(pos_embed[:, n:], self.pretrain_grid, grid,
+                                                                      self.pos_embed_interp)], dim=1)
         prefix = [self.cls_token.expand(x.shape[0], -1, -1)]
         if self.dist_token is not None:
             prefix.append(self.dist_token.expand(x.shape[0], -1, -1))
@@ -330,8 +372,13 @@ class SRViT(nn.Module):
 
     def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
                                   prune_head: bool = True):
+        """Drop the units after the last of ``indices`` (timm's API), so that a backbone holds
+        and runs only what its outputs need: no parameter is left without a gradient."""
         take_indices, max_index = feature_take_indices(len(self.units), indices)
         self.units = self.units[:max_index + 1]
+        self.feature_info = self.feature_info[:max_index + 1]
+        self.recursive_unit_indices = tuple(i for i in self.recursive_unit_indices if i <= max_index)
+        self.effective_depth = sum(unit.effective_depth for unit in self.units)
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:
