@@ -268,8 +268,8 @@ def _partial_error(report: LoadReport, source: str) -> CheckpointError:
                 "(T=1) initialises a recursive model. ")
     return CheckpointError(
         f"{source} does not hold {len(missing)} of this model's backbone tensors:\n  "
-        + "\n  ".join(group_keys(missing))
-        + f"\n{report.summary()}\n{hint}Check that the checkpoint belongs to this variant (layout, T); to "
+        + "\n  ".join(group_keys(missing) + [f"note: {n}" for n in report.notes])
+        + f"\n{hint}Check that the checkpoint belongs to this variant (layout, T); to "
           f"start the missing tensors from their initialisation on purpose, pass allow_partial=True "
           f"(the backbones' allow_partial option in the framework configs; timm: pretrained_strict=False).")
 
@@ -294,11 +294,12 @@ def load_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Any]],
     model_sd = model.state_dict()
     mismatched = [k for k, v in sd.items() if k in model_sd and model_sd[k].shape != v.shape]
     if mismatched and not allow_shape_mismatch:
-        details = "\n".join(f"  {k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(model_sd[k].shape)}"
-                            for k in mismatched[:20])
+        example = mismatched[0]
         raise CheckpointError(
             f"{len(mismatched)} tensors of {source} have another shape than the model's. {_diagnose(sd, model)}"
-            f"Use the variant (width, T) the checkpoint was trained with.\n{details}")
+            f"Use the variant (width, T) the checkpoint was trained with.\n  "
+            + "\n  ".join(group_keys(mismatched))
+            + f"\n  e.g. {example}: checkpoint {tuple(sd[example].shape)} vs model {tuple(model_sd[example].shape)}")
     report.mismatched = mismatched
     for k in mismatched:
         del sd[k]
