@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from .models.srvit import resize_pos_embed
+from .models.window import is_rel_pos, resize_rel_pos
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +37,14 @@ class CheckpointError(ValueError):
 
 
 def group_keys(keys: Iterable[str]) -> List[str]:
-    """A few lines for many keys, detectron2-style: ``units.{1,2}.blocks.* (24)``."""
+    """A few lines for many keys, detectron2-style: ``units.{1,2}.blocks.* (24)``; relative-
+    position tables by name: ``units.{1,2}.blocks.*.attn.window_rel_pos_h (5)``."""
     groups: Dict[str, List] = {}
     for key in keys:
-        m = re.match(r"^units\.(\d+)\.(blocks|router|step_transforms)\b", key)
+        m = re.match(r"^units\.(\d+)\.(blocks\.\d+\.attn\.\w+_rel_pos_[hw]$|blocks|router|step_transforms)\b", key)
         if m:
-            entry = groups.setdefault(f"units.{{}}.{m.group(2)}.*", [set(), 0])
+            name = re.sub(r"^blocks\.\d+\.", "blocks.*.", m.group(2)) if is_rel_pos(key) else m.group(2) + ".*"
+            entry = groups.setdefault(f"units.{{}}.{name}", [set(), 0])
             entry[0].add(int(m.group(1)))
         else:
             top = key.split(".")[0]
@@ -69,8 +72,11 @@ class LoadReport:
 
     @property
     def required_missing(self) -> List[str]:
-        """Missing keys that make the load partial (everything but a new classifier)."""
-        return [k for k in self.missing if not k.startswith(OPTIONAL_KEYS)]
+        """Missing keys that make the load partial: all but a new classifier and new relative-
+        position tables. The tables are optional because zero tables add no bias (the
+        checkpoint's function is kept) and ViTDet starts them at zero from a checkpoint without
+        them, the usual case: ImageNet pretraining has none."""
+        return [k for k in self.missing if not (k.startswith(OPTIONAL_KEYS) or is_rel_pos(k))]
 
     @property
     def complete(self) -> bool:
@@ -82,6 +88,8 @@ class LoadReport:
         for name, keys in (("MISSING, left at their initialisation", self.required_missing),
                            ("new classifier, left at its initialisation",
                             [k for k in self.missing if k.startswith(OPTIONAL_KEYS)]),
+                           ("new relative-position tables, left at zero",
+                            [k for k in self.missing if is_rel_pos(k)]),
                            ("shape mismatch, skipped", self.mismatched),
                            ("not in this model, ignored", self.unexpected),
                            ("dropped (classifier that does not fit)", self.dropped),
@@ -201,6 +209,10 @@ def adapt_pos_embed(pos_embed: torch.Tensor, model: nn.Module, report: Optional[
         raise CheckpointError(f"pos_embed with {n_tokens} tokens is not a square grid plus class tokens")
     prefix, grid_tokens = pos_embed[:, :n_prefix_old], pos_embed[:, n_prefix_old:]
     if n_prefix_old != n_prefix_new:
+        if n_prefix_old == 0:
+            raise CheckpointError("the checkpoint's pos_embed has no class-token entry (a model with windowed "
+                                  "attention or relative positions), this model carries a class token: build it "
+                                  "with the checkpoint's window_size / use_rel_pos")
         if n_prefix_old > n_prefix_new:
             prefix = prefix[:, :n_prefix_new]
         else:  # e.g. a plain DeiT into a distilled model: the dist token starts from cls
@@ -217,16 +229,23 @@ def adapt_pos_embed(pos_embed: torch.Tensor, model: nn.Module, report: Optional[
 
 def convert_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module,
                        report: Optional[LoadReport] = None) -> Dict[str, torch.Tensor]:
-    """Map keys and resize the position embedding of a backbone state dict for ``model``."""
+    """Map keys, resize the position embedding and relative-position tables, and drop the
+    tokens and classifier the model does not have, in a backbone state dict for ``model``."""
     report = report if report is not None else LoadReport()
     sd = map_vit_block_keys(dict(sd), model, report)
     if "pos_embed" in sd:
         sd["pos_embed"] = adapt_pos_embed(sd["pos_embed"], model, report)
-    if "dist_token" in sd and getattr(model, "dist_token", None) is None:
-        report.dropped.append("dist_token")
-        del sd["dist_token"]
-    # a classifier the model does not have (a backbone) or of another size is dropped
+    for token in ("cls_token", "dist_token"):  # tokens a windowed / undistilled model does not carry
+        if token in sd and getattr(model, token, None) is None:
+            report.dropped.append(token)
+            del sd[token]
     model_sd = model.state_dict()
+    for k in [k for k in sd if is_rel_pos(k) and k in model_sd]:
+        old, new = sd[k].shape, model_sd[k].shape
+        if old[1:] == new[1:] and old[0] != new[0]:  # another window or grid: detectron2's linear resize
+            sd[k] = resize_rel_pos(sd[k], new[0])
+            report.notes.append(f"{k} resized {old[0]} -> {new[0]} rows")
+    # a classifier the model does not have (a backbone) or of another size is dropped
     for k in [k for k in sd if k.startswith(HEAD_PREFIXES)]:
         if k not in model_sd or model_sd[k].shape != sd[k].shape:
             report.dropped.append(k)
@@ -242,9 +261,13 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: nn.Module,
     (``timm.create_model(..., pretrained_strict=False)``)."""
     report = LoadReport()
     sd = convert_state_dict(select_backbone(extract_state_dict(state_dict), None, report), model, report)
-    report.missing = [k for k in model.state_dict() if k not in sd]
+    model_sd = model.state_dict()
+    report.missing = [k for k in model_sd if k not in sd]
     if report.required_missing and not allow_partial:
         raise _partial_error(report, "the pretrained file")
+    for k in report.missing:  # new relative-position tables keep their zeros, also when timm loads strictly
+        if is_rel_pos(k):
+            sd[k] = model_sd[k]
     return sd
 
 

@@ -3,10 +3,11 @@
 A recursive block is applied at several depths, so "layer" is defined on the *unique*
 blocks (SPEC section 6): the first ordinary block is layer 1, the following unique blocks
 2, 3, ... in order, the last ordinary block is ``num_layers`` (the number of unique blocks).
-A unit's router and step transforms take the id of the unit's last block; the patch and
-position embeddings and the class/distillation tokens take 0; everything else (final norm,
-necks, heads) takes ``num_layers + 1``. A parameter at layer ``i`` gets the factor
-``decay ** (num_layers + 1 - i)``, as in ViTDet / BEiT.
+A block's parameters, its relative-position tables (``...blocks.{k}.attn.*_rel_pos_{h,w}``)
+included, take the block's id; a unit's router and step transforms take the id of the
+unit's last block; the patch and position embeddings and the class/distillation tokens
+take 0; everything else (final norm, necks, heads) takes ``num_layers + 1``. A parameter at
+layer ``i`` gets the factor ``decay ** (num_layers + 1 - i)``, as in ViTDet / BEiT.
 
 Both the Detectron2 (``lr_factor_func``) and MMSegmentation (optimizer constructor) paths
 call ``layer_id`` / ``lr_decay_factor``; names are given relative to the core ``SRViT``

@@ -1,6 +1,6 @@
 """The SoftMoR unit (paper Algorithm 1): K shared blocks applied for T recursion steps,
 mixed token-wise by a soft router computed on the unit's input."""
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -8,17 +8,22 @@ import torch.nn.functional as F
 from timm.layers import drop_path
 from torch.utils.checkpoint import checkpoint
 
+from .window import attend
+
 AGGREGATIONS = ("soft", "hard", "last")
 
 
-def apply_block(block: nn.Module, x: torch.Tensor, drop_prob: float, training: bool) -> torch.Tensor:
-    """One application of a timm ViT ``Block`` with its own stochastic-depth rate.
+def apply_block(block: nn.Module, x: torch.Tensor, drop_prob: float, training: bool,
+                hw: Optional[Tuple[int, int]] = None, window_size: int = 0) -> torch.Tensor:
+    """One application of a timm ViT ``Block`` with its own stochastic-depth rate and window.
 
-    A shared block runs at several depths, so its drop-path rate belongs to the application,
-    not to the module (the block itself is built with drop_path=0). With ``drop_prob=0`` this
-    is exactly ``block(x)``.
+    A shared block runs at several depths, so its drop-path rate and whether its attention is
+    windowed belong to the application, not to the module (the block itself is built with
+    drop_path=0). ``window_size`` > 0 attends within windows of the (h, w) patch grid ``hw``
+    (see ``window.attend``). With ``drop_prob=0`` and global attention this is exactly
+    ``block(x)``.
     """
-    x = x + drop_path(block.ls1(block.attn(block.norm1(x))), drop_prob, training)
+    x = x + drop_path(block.ls1(attend(block.attn, block.norm1(x), hw, window_size)), drop_prob, training)
     x = x + drop_path(block.ls2(block.mlp(block.norm2(x))), drop_prob, training)
     return x
 
@@ -36,6 +41,10 @@ class SoftMoRUnit(nn.Module):
             step-major), scheduled over the model's effective depth.
         zero_init: router and step transforms start at zero (uniform mixture, identity
             transforms); otherwise they get a small truncated-normal init.
+        window_sizes: one attention window per block application (K * T values, step-major,
+            like ``drop_path_rates``); 0 = global attention (the default for all). Windowed
+            applications, and blocks with relative positions, need the unit called with the
+            patch grid, ``unit(x, hw=(h, w))``, on patch tokens only.
     """
 
     def __init__(
@@ -46,6 +55,7 @@ class SoftMoRUnit(nn.Module):
         step_transforms: bool = True,
         drop_path_rates: Optional[Sequence[float]] = None,
         zero_init: bool = True,
+        window_sizes: Optional[Sequence[int]] = None,
     ):
         super().__init__()
         if num_steps < 1:
@@ -62,6 +72,10 @@ class SoftMoRUnit(nn.Module):
         if len(rates) != n_apps:
             raise ValueError(f"drop_path_rates needs {n_apps} values (K*T), got {len(rates)}")
         self.drop_path_rates = rates
+        windows = [0] * n_apps if window_sizes is None else list(window_sizes)
+        if len(windows) != n_apps or any(isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in windows):
+            raise ValueError(f"window_sizes needs {n_apps} integers >= 0 (K*T, 0 = global attention), got {windows}")
+        self.window_sizes = windows
         self.grad_checkpointing = False
 
         dim = self._dim()
@@ -94,15 +108,16 @@ class SoftMoRUnit(nn.Module):
     def effective_depth(self) -> int:
         return self.num_blocks * self.num_steps
 
-    def _run_blocks(self, z: torch.Tensor, step: int) -> torch.Tensor:
+    def _run_blocks(self, z: torch.Tensor, step: int, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
         for k, block in enumerate(self.blocks):
-            rate = self.drop_path_rates[step * self.num_blocks + k]
+            app = step * self.num_blocks + k
+            rate, window = self.drop_path_rates[app], self.window_sizes[app]
             if self.grad_checkpointing and torch.is_grad_enabled():
                 # Non-reentrant: each *application* is checkpointed, which stays correct when
                 # the same parameters are used several times per forward (and under DDP).
-                z = checkpoint(apply_block, block, z, rate, self.training, use_reentrant=False)
+                z = checkpoint(apply_block, block, z, rate, self.training, hw, window, use_reentrant=False)
             else:
-                z = apply_block(block, z, rate, self.training)
+                z = apply_block(block, z, rate, self.training, hw, window)
         return z
 
     def router_weights(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,15 +126,16 @@ class SoftMoRUnit(nn.Module):
             logits = F.linear(x.float(), self.router.weight.float(), self.router.bias.float())
             return logits.softmax(dim=-1)
 
-    def forward(self, x: torch.Tensor, return_weights: bool = False):
+    def forward(self, x: torch.Tensor, return_weights: bool = False, hw: Optional[Tuple[int, int]] = None):
         """x: (B, N, D) -> (B, N, D); with ``return_weights`` also the (B, N, T) mixture
-        weights actually applied (one-hot for ``hard``, None for ``last`` or T=1)."""
+        weights actually applied (one-hot for ``hard``, None for ``last`` or T=1). ``hw``: the
+        patch grid of the N tokens, needed by windowed applications and relative positions."""
         if self.router is None:
             h = x
             for t in range(self.num_steps):
                 if t > 0 and self.step_transforms is not None:
                     h = h + self.step_transforms[t - 1](h)
-                h = self._run_blocks(h, t)
+                h = self._run_blocks(h, t, hw)
             return (h, None) if return_weights else h
 
         alpha = self.router_weights(x)
@@ -141,7 +157,7 @@ class SoftMoRUnit(nn.Module):
         for t in range(self.num_steps):
             if t > 0 and self.step_transforms is not None:
                 h = h + self.step_transforms[t - 1](h)
-            h = self._run_blocks(h, t)
+            h = self._run_blocks(h, t, hw)
             # accumulate the mixture in place, one fused op per step: no per-step product and
             # no stack of the T outputs (autograd keeps only h, needed anyway, and w_t)
             w_t = weights[..., t : t + 1]
@@ -151,5 +167,6 @@ class SoftMoRUnit(nn.Module):
         return y
 
     def extra_repr(self) -> str:
+        windows = f", window_sizes={self.window_sizes}" if any(self.window_sizes) else ""
         return (f"K={self.num_blocks}, T={self.num_steps}, aggregation={self.aggregation}, "
-                f"step_transforms={self.step_transforms is not None}")
+                f"step_transforms={self.step_transforms is not None}{windows}")

@@ -18,9 +18,11 @@ from timm.models.vision_transformer import Block, get_init_weights_vit
 
 from ..layer_decay import layer_depth, layer_id
 from .softmor import SoftMoRUnit
+from .window import RelPosAttention, is_rel_pos
 
 ORGANISATIONS = ("coarse_to_fine", "fine_to_coarse", "coarse_grained", "fine_grained")
 WEIGHT_INITS = ("", "jax", "jax_nlhb", "moco")
+GLOBAL_POOLS = ("token", "avg", "")
 
 
 def make_layout(organisation: str, num_middle_blocks: int) -> Tuple[int, ...]:
@@ -64,6 +66,32 @@ def default_out_indices(layout: Sequence[int]) -> Tuple[int, ...]:
     return tuple(range(1, len(layout) + 1))
 
 
+def unit_plan(layout: Sequence[int], num_steps: int) -> List[Tuple[int, int]]:
+    """(blocks K, steps T) of every unit: the ordinary first block, the recursive units, the
+    ordinary last block. Block applications are numbered in this order, step-major within a
+    unit (the order of the drop-path schedule and of ``global_attn_indexes``)."""
+    return [(1, 1)] + [(k, num_steps) for k in layout] + [(1, 1)]
+
+
+def default_global_attn_indexes(layout: Sequence[int], num_steps: int) -> Tuple[int, ...]:
+    """Block applications that stay global when windowed attention is on: the *first*
+    application of every unit that ``default_out_indices`` returns (the units that feed the
+    dense heads), and the model's last application (``last_feat``, the Simple Feature
+    Pyramid's input).
+
+    Why: ViTDet keeps one global block at the end of each quarter of the network (2, 5, 8,
+    11), and this rule gives exactly those for the DeiT layout (T=1). In a recursive unit the
+    global application comes first, so that every step output the router mixes (all of which
+    build on step 1) has exchanged information across the whole image once in this unit; a
+    global last application would reach only step T's output. SR-ViT-S T=3: applications
+    1, 13, 22, 28, 31 of 32 are global.
+    """
+    plan = unit_plan(layout, num_steps)
+    starts = [sum(k * t for k, t in plan[:u]) for u in range(len(plan))]
+    last = sum(k * t for k, t in plan) - 1
+    return tuple(sorted({starts[u] for u in default_out_indices(layout)} | {last}))
+
+
 def resize_pos_embed(grid_tokens: torch.Tensor, old_grid: Sequence[int], new_grid: Sequence[int],
                      mode: str = "bicubic") -> torch.Tensor:
     """Resize a (1, h*w, D) position table without prefix tokens; the one resize used at run
@@ -87,6 +115,23 @@ class SRViT(nn.Module):
         pos_embed_interp: interpolation used to resize the position embedding, at run time
             and when a checkpoint of another resolution is loaded.
         weight_init: timm's ViT init modes: '' (timm), 'jax', 'jax_nlhb', 'moco'.
+        global_pool: 'token' (the class token), 'avg' (mean of the patch tokens) or '' (no
+            pooling); None: 'token' if the model carries a class token, else 'avg'.
+        window_size: ViTDet-style window attention: > 0 attends within windows of this many
+            patches (the grid zero-padded to multiples of it, as ViTDet pads) in every block
+            application but the ``global_attn_indexes``; 0 (default): global attention
+            everywhere, the paper's model.
+        global_attn_indexes: with ``window_size`` > 0, the block applications that stay global,
+            numbered over the effective depth (0 .. D_eff-1, step-major within each unit, as the
+            drop-path schedule). None: ``default_global_attn_indexes`` (its docstring says why).
+        use_rel_pos: ViTDet's decomposed relative positions, zero-initialised, one table pair
+            per block and attention extent (see ``window.RelPosAttention``).
+
+    Windowed attention and relative positions are dense-prediction options (ViTDet's): the
+    model then carries no class token (nor its position entry, dropped when a checkpoint with
+    one is loaded, ViTDet's ``pretrain_use_cls_token``), attention and the router see only
+    patch tokens, ``forward_features`` returns the normed patch tokens and the classifier
+    averages them (``global_pool='avg'``; 'token' and ``distilled`` are refused).
     """
 
     def __init__(
@@ -95,7 +140,7 @@ class SRViT(nn.Module):
         patch_size: int = 16,
         in_chans: int = 3,
         num_classes: int = 1000,
-        global_pool: str = "token",
+        global_pool: Optional[str] = None,
         embed_dim: int = 384,
         num_heads: int = 6,
         mlp_ratio: float = 4.0,
@@ -113,17 +158,38 @@ class SRViT(nn.Module):
         drop_path_rate: float = 0.0,
         pos_embed_interp: str = "bicubic",
         weight_init: str = "",
+        window_size: int = 0,
+        global_attn_indexes: Optional[Sequence[int]] = None,
+        use_rel_pos: bool = False,
     ):
         super().__init__()
         if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
             raise ValueError(f"num_steps (T) must be an integer >= 1, got {num_steps!r}")
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
-        if global_pool not in ("token", ""):
-            raise ValueError(f"global_pool must be 'token' or '', got {global_pool!r}")
         if weight_init not in WEIGHT_INITS:
             raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")
+        if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 0:
+            raise ValueError(f"window_size must be an integer >= 0 (0 = global attention everywhere, ViTDet uses 14), "
+                             f"got {window_size!r}")
         layout = resolve_layout(layout, num_middle_blocks)
+        plan = unit_plan(layout, num_steps)
+        self.effective_depth = sum(k * t for k, t in plan)
+        class_token = not (window_size or use_rel_pos)
+        if not class_token and distilled:
+            raise ValueError("distilled=True needs the class and distillation tokens, which windowed attention and "
+                             "relative positions do not carry: use window_size=0 and use_rel_pos=False to distil")
+        global_pool = ("token" if class_token else "avg") if global_pool is None else global_pool
+        self._check_pool(global_pool, class_token, distilled)
+        global_attn_indexes = default_global_attn_indexes(layout, num_steps) if global_attn_indexes is None \
+            else list(global_attn_indexes)
+        wrong = [i for i in global_attn_indexes if isinstance(i, bool) or not isinstance(i, int)
+                 or not 0 <= i < self.effective_depth]
+        if wrong:
+            raise ValueError(f"global_attn_indexes {wrong} out of range: this model applies its blocks "
+                             f"{self.effective_depth} times, numbered 0..{self.effective_depth - 1} (step-major within "
+                             f"each unit); pass indices in that range, or None for the default "
+                             f"{default_global_attn_indexes(layout, num_steps)}")
 
         self.num_classes = num_classes
         self.global_pool = global_pool
@@ -132,7 +198,12 @@ class SRViT(nn.Module):
         self.num_steps = num_steps
         self.layout = layout
         self.distilled = distilled
-        self.num_prefix_tokens = 2 if distilled else 1
+        self.num_prefix_tokens = (2 if distilled else 1) if class_token else 0
+        self.window_size = window_size
+        self.use_rel_pos = use_rel_pos
+        #: the block applications that attend over the whole grid (all of them when window_size=0)
+        self.global_attn_indexes = tuple(sorted(set(global_attn_indexes))) if window_size \
+            else tuple(range(self.effective_depth))
         self.pos_embed_interp = pos_embed_interp
         self.weight_init = weight_init
         self.zero_init_recursion = zero_init_recursion
@@ -143,25 +214,30 @@ class SRViT(nn.Module):
                                       embed_dim=embed_dim, strict_img_size=False)
         self.patch_size = self.patch_embed.patch_size[0]
         num_patches = self.patch_embed.num_patches
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if distilled else None
         self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + self.num_prefix_tokens, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
 
-        # (unit sizes, steps): ordinary first block, recursive units, ordinary last block.
-        plan = [(1, 1)] + [(k, num_steps) for k in layout] + [(1, 1)]
-        self.effective_depth = sum(k * t for k, t in plan)
         rates = torch.linspace(0, drop_path_rate, self.effective_depth).tolist()
+        windows = [0 if i in self.global_attn_indexes else window_size for i in range(self.effective_depth)]
         norm_layer = partial(nn.LayerNorm, eps=1e-6)
         units, offset = [], 0
         for k, t in plan:
             blocks = [Block(dim=embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
                             proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=0.0,
                             norm_layer=norm_layer) for _ in range(k)]
+            unit_windows = windows[offset:offset + k * t]
+            if use_rel_pos:  # tables for the extents each block is applied at (its applications: j::k)
+                for j, block in enumerate(blocks):
+                    own = unit_windows[j::k]
+                    block.attn = RelPosAttention(embed_dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
+                                                 proj_drop=proj_drop_rate, window_size=max(own),
+                                                 global_grid=None if all(own) else self.patch_embed.grid_size)
             units.append(SoftMoRUnit(blocks, num_steps=t, aggregation=aggregation,
                                      step_transforms=step_transforms,
                                      drop_path_rates=rates[offset:offset + k * t],
-                                     zero_init=zero_init_recursion))
+                                     zero_init=zero_init_recursion, window_sizes=unit_windows))
             offset += k * t
         self.units = nn.ModuleList(units)
         self.recursive_unit_indices = tuple(range(1, len(units) - 1))
@@ -184,16 +260,22 @@ class SRViT(nn.Module):
         zero_init_recursion = self.zero_init_recursion if zero_init_recursion is None else zero_init_recursion
         head_bias = -math.log(self.num_classes) if "nlhb" in mode and self.num_classes > 0 else 0.0
         trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.normal_(self.cls_token, std=1e-6)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
         if self.dist_token is not None:
             trunc_normal_(self.dist_token, std=0.02)
         named_apply(get_init_weights_vit(mode, head_bias), self)
         for unit in self.units:
             unit.reset_recursion_parameters(zero_init_recursion)
+        for module in self.modules():
+            if isinstance(module, RelPosAttention):
+                module.reset_rel_pos()
 
     @torch.jit.ignore
     def no_weight_decay(self):
-        return {"pos_embed", "cls_token", "dist_token"}
+        """Position embeddings and tokens; the relative-position tables too (positions, as in
+        detectron2's MViTv2 configs)."""
+        return {"pos_embed", "cls_token", "dist_token"} | {n for n, _ in self.named_parameters() if is_rel_pos(n)}
 
     @property
     def unit_sizes(self) -> List[int]:
@@ -228,12 +310,21 @@ class SRViT(nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None):
         self.num_classes = num_classes
         if global_pool is not None:
-            if global_pool not in ("token", ""):
-                raise ValueError(f"global_pool must be 'token' or '', got {global_pool!r}")
+            self._check_pool(global_pool, self.cls_token is not None, self.distilled)
             self.global_pool = global_pool
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         if self.distilled:
             self.head_dist = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    @staticmethod
+    def _check_pool(global_pool: str, class_token: bool, distilled: bool):
+        if global_pool not in GLOBAL_POOLS:
+            raise ValueError(f"global_pool must be one of {GLOBAL_POOLS}, got {global_pool!r}")
+        if global_pool == "token" and not class_token:
+            raise ValueError("global_pool='token' needs the class token, which windowed attention and relative "
+                             "positions do not carry: use global_pool='avg' (mean of the patch tokens) or ''")
+        if global_pool == "avg" and distilled:
+            raise ValueError("a distilled model pools its class and distillation tokens: use global_pool='token'")
 
     @torch.jit.ignore
     def set_distilled_training(self, enable: bool = True):
@@ -261,14 +352,15 @@ class SRViT(nn.Module):
             n = self.num_prefix_tokens
             pos_embed = torch.cat([pos_embed[:, :n], resize_pos_embed(pos_embed[:, n:], self.pretrain_grid, grid,
                                                                       self.pos_embed_interp)], dim=1)
-        prefix = [self.cls_token.expand(x.shape[0], -1, -1)]
+        prefix = [] if self.cls_token is None else [self.cls_token.expand(x.shape[0], -1, -1)]
         if self.dist_token is not None:
             prefix.append(self.dist_token.expand(x.shape[0], -1, -1))
         x = torch.cat(prefix + [x], dim=1) + pos_embed
         return self.pos_drop(x)
 
     def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
-        """Images (B, C, H, W) -> tokens (B, prefix + H/16 * W/16, D) and the patch grid."""
+        """Images (B, C, H, W) -> tokens (B, prefix + H/16 * W/16, D) and the patch grid
+        (no prefix tokens with windowed attention or relative positions)."""
         self._check_input(x)
         grid = (x.shape[-2] // self.patch_size, x.shape[-1] // self.patch_size)
         x = self.patch_embed(x)
@@ -276,14 +368,17 @@ class SRViT(nn.Module):
 
     # ----------------------------------------------------------------- forward
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x, _ = self.embed(x)
+        x, grid = self.embed(x)
         for unit in self.units:
-            x = unit(x)
+            x = unit(x, hw=grid)
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False):
         if self.global_pool == "":
             return x if pre_logits else self.head(self.head_drop(x))
+        if self.global_pool == "avg":
+            x = self.head_drop(x[:, self.num_prefix_tokens:].mean(dim=1))
+            return x if pre_logits else self.head(x)
         x_cls = self.head_drop(x[:, 0])
         if pre_logits:
             return x_cls
@@ -317,11 +412,11 @@ class SRViT(nn.Module):
         outputs, mixtures = {}, {}
         for i, unit in enumerate(self.units[:last + 1]):
             if return_mixture and i in wanted:
-                x, weights = unit(x, return_weights=True)
+                x, weights = unit(x, return_weights=True, hw=grid)
                 if weights is not None:
                     mixtures[i] = weights
             else:
-                x = unit(x)
+                x = unit(x, hw=grid)
             if i in wanted:
                 outputs[i] = x
         return x, outputs, mixtures, grid

@@ -1,0 +1,327 @@
+"""ViTDet-style options of the core: window attention per block application, decomposed
+relative positions, no class token in that mode; the default stays the paper's model."""
+import re
+from functools import partial
+
+import pytest
+import timm
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.models.vision_transformer import VisionTransformer
+from timm.models.vision_transformer_sam import Block as SamBlock
+from timm.models.vision_transformer_sam import get_rel_pos
+
+from srvit_backbones import CheckpointError, SoftMoRUnit, SRViT, create_srvit, load_pretrained
+from srvit_backbones.flops import count_flops
+from srvit_backbones.layer_decay import layer_id
+from srvit_backbones.models import RelPosAttention, apply_block, default_global_attn_indexes
+from srvit_backbones.models.window import from_windows, is_rel_pos, resize_rel_pos, to_windows
+
+
+def tiny(**kw):
+    args = dict(img_size=64, patch_size=16, embed_dim=32, num_heads=2, layout=(2, 1), num_steps=3, num_classes=5)
+    args.update(kw)
+    return SRViT(**args)
+
+
+def randomized(model, seed=0):
+    """Every parameter non-zero (relative-position tables, router, step transforms included)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model
+
+
+# ----------------------------------------------------------------------------- default rule and options
+def test_default_global_applications():
+    """The first application of each unit feeding the dense heads, and the last application:
+    ViTDet's global blocks 2, 5, 8, 11 for the DeiT layout."""
+    assert default_global_attn_indexes((1,) * 10, 1) == (2, 5, 8, 11)
+    assert default_global_attn_indexes((4, 3, 2, 1), 3) == (1, 13, 22, 28, 31)
+    assert default_global_attn_indexes((3, 2, 1), 3) == (1, 10, 16, 19)
+    model = create_srvit("srvit_s_t3", img_size=64, embed_dim=32, num_heads=2, num_classes=0, window_size=14)
+    windows = [w for unit in model.units for w in unit.window_sizes]
+    assert [i for i, w in enumerate(windows) if w == 0] == [1, 13, 22, 28, 31]
+    assert len(windows) == model.effective_depth == 32 and set(windows) == {0, 14}
+    assert model.global_attn_indexes == (1, 13, 22, 28, 31)
+
+
+def test_global_applications_are_configurable_and_tables_follow_the_applications():
+    """A block gets a window table if one of its applications is windowed, a global table if
+    one is global: units.1 (K=2, T=3) applies block 0 at 1, 3, 5 and block 1 at 2, 4, 6."""
+    model = tiny(window_size=2, use_rel_pos=True, global_attn_indexes=(0, 3))
+    assert [u.window_sizes for u in model.units] == [[0], [2, 2, 0, 2, 2, 2], [2, 2, 2], [2]]
+    tables = {n for n, _ in model.named_parameters() if is_rel_pos(n)}
+    assert tables == {f"units.{u}.blocks.{k}.attn.{kind}_rel_pos_{a}" for u, k, kind in
+                      [(0, 0, "global"), (1, 0, "window"), (1, 0, "global"), (1, 1, "window"),
+                       (2, 0, "window"), (3, 0, "window")] for a in "hw"}
+    attn = model.units[1].blocks[0].attn
+    assert attn.window_rel_pos_h.shape == (2 * 2 - 1, 16) and attn.global_rel_pos_w.shape == (2 * 4 - 1, 16)
+    assert all(p.abs().sum() == 0 for n, p in model.named_parameters() if is_rel_pos(n))  # zero-initialised
+    assert tiny(window_size=0).global_attn_indexes == tuple(range(11))
+
+
+# ----------------------------------------------------------------------------- semantics
+def _global_twin(windowed: SRViT, **kw) -> SRViT:
+    """The same weights with every application global (window tables -> global tables)."""
+    twin = tiny(global_attn_indexes=range(windowed.effective_depth), **kw)
+    twin.load_state_dict({k.replace("window_rel_pos", "global_rel_pos"): v for k, v in windowed.state_dict().items()})
+    return twin
+
+
+@pytest.mark.parametrize("use_rel_pos", [False, True], ids=["abs_pos", "rel_pos"])
+def test_window_covering_the_grid_equals_global_attention(use_rel_pos):
+    """One 4x4 window over the 4x4 grid of a 64x64 image is global attention. Both models
+    carry no class token (windowed mode), so both attend over the same 16 patch tokens and
+    every output token is a patch token; a class-token model could not be compared, its
+    class token takes part in every attention."""
+    kw = dict(window_size=4, use_rel_pos=use_rel_pos)
+    windowed = randomized(tiny(global_attn_indexes=(), **kw)).eval()
+    assert all(w == 4 for u in windowed.units for w in u.window_sizes)
+    twin = _global_twin(windowed, **kw).eval()
+    assert all(w == 0 for u in twin.units for w in u.window_sizes)
+    x = torch.randn(2, 3, 64, 64)
+    torch.testing.assert_close(windowed.forward_features(x), twin.forward_features(x))
+    a, b = windowed.forward_feature_maps(x, return_mixture=True), twin.forward_feature_maps(x, return_mixture=True)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], msg=key)
+    # and it is not the same function once the windows split the grid (2x2 windows)
+    split = tiny(window_size=2, use_rel_pos=use_rel_pos, global_attn_indexes=()).eval()
+    split.load_state_dict({k: v for k, v in windowed.state_dict().items() if not is_rel_pos(k)}, strict=False)
+    assert not torch.allclose(split.forward_features(x), twin.forward_features(x), atol=1e-3)
+
+
+@pytest.mark.parametrize("window", [3, 0], ids=["windowed", "global"])
+def test_block_application_matches_timm_vitdet_block(window):
+    """Against timm's SAM block, ViTDet's design (window_partition with padding, decomposed
+    relative positions): a 5x7 grid in 3x3 windows is padded to 6x9."""
+    model = randomized(tiny(window_size=3, use_rel_pos=True))
+    block = model.units[1].blocks[0]  # applied windowed and global: holds both table pairs
+    ref = SamBlock(32, 2, qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6), use_rel_pos=True,
+                   window_size=window, input_size=(5, 7))
+    kind = "window" if window else "global"
+    sd = {re.sub(rf"attn\.{kind}_rel_pos", "attn.rel_pos", k): v for k, v in block.state_dict().items()
+          if not is_rel_pos(k) or kind in k}
+    if not window:  # the model's global tables are for its 4x4 grid: resize them for 5x7 as ViTDet would
+        sd = {k: resize_rel_pos(v, 2 * (5 if k.endswith("_h") else 7) - 1) if is_rel_pos(k) else v
+              for k, v in sd.items()}
+    ref.load_state_dict(sd)
+    x = torch.randn(2, 5 * 7, 32)
+    out = apply_block(block, x, 0.0, False, hw=(5, 7), window_size=window)
+    torch.testing.assert_close(out, ref(x.view(2, 5, 7, 32)).view(2, 35, 32))
+
+
+def test_window_padding_round_trips_and_windows_are_local():
+    """5x7 tokens in 3x3 windows: padded to 6x9 (2x3 windows), exact round trip, padding
+    zero; an input change inside one window changes the outputs of that window only."""
+    x = torch.randn(2, 5 * 7, 4)
+    windows, pad_hw = to_windows(x, (5, 7), 3)
+    assert pad_hw == (6, 9) and windows.shape == (2 * 2 * 3, 9, 4)
+    assert torch.equal(from_windows(windows, (5, 7), pad_hw, 3), x)
+    grid = x.view(2, 5, 7, 4)
+    assert torch.equal(windows[0].view(3, 3, 4), grid[0, :3, :3])          # first window: rows 0-2, cols 0-2
+    assert torch.equal(windows[5].view(3, 3, 4)[:2, :1], grid[0, 3:, 6:])  # last window of image 0
+    assert (windows[5].view(3, 3, 4)[2] == 0).all() and (windows[5].view(3, 3, 4)[:, 1:] == 0).all()
+
+    block = randomized(tiny(window_size=3, use_rel_pos=True)).units[1].blocks[1]  # windowed only
+    tokens = torch.randn(1, 35, 32)
+    moved = tokens.clone()
+    moved[0, 7 * 4 + 6] += 1.0  # row 4, col 6: the window of rows 3-5, cols 6-8
+    changed = (apply_block(block, moved, 0.0, False, (5, 7), 3) - apply_block(block, tokens, 0.0, False, (5, 7), 3))
+    changed = changed.abs().sum(-1).view(5, 7) > 0
+    expected = torch.zeros(5, 7, dtype=torch.bool)
+    expected[3:, 6:] = True
+    assert torch.equal(changed, expected)
+
+
+def test_windowed_model_carries_no_class_token_and_pools_patch_tokens():
+    model = randomized(tiny(window_size=2, use_rel_pos=True)).eval()
+    assert model.cls_token is None and model.num_prefix_tokens == 0 and model.global_pool == "avg"
+    assert model.pos_embed.shape == (1, 16, 32)
+    x = torch.randn(2, 3, 64, 80)
+    feats = model.forward_features(x)
+    assert feats.shape == (2, 4 * 5, 32)
+    torch.testing.assert_close(model(x), model.head(feats.mean(1)))
+    final, inter = model.forward_intermediates(x, indices=[1, 2], return_prefix_tokens=True)
+    assert final.shape == (2, 20, 32) and inter[0][0].shape == (2, 32, 4, 5) and inter[0][1].shape == (2, 0, 32)
+    backbone = timm.create_model("srvit_s_t2", img_size=64, embed_dim=32, num_heads=2, features_only=True,
+                                 window_size=2, use_rel_pos=True)
+    assert [f.shape for f in backbone(x)] == [(2, 32, 4, 5)] * 4
+
+
+# ----------------------------------------------------------------------------- training
+def test_gradients_reach_every_parameter_in_windowed_mode():
+    """Zero-initialised tables, router and step transforms included; a grid that is not a
+    multiple of the window (5x3 in 2x2 windows) and not the model's (4x4: the global tables
+    are interpolated at run time). Checkpointed applications give the same gradients."""
+    model = tiny(window_size=2, use_rel_pos=True, drop_path_rate=0.1)
+    ref = tiny(window_size=2, use_rel_pos=True, drop_path_rate=0.1)
+    ref.load_state_dict(model.state_dict())
+    model.set_grad_checkpointing(True)
+    x = torch.randn(2, 3, 80, 48)
+    losses = []
+    for m in (model, ref):
+        torch.manual_seed(0)
+        feats = m.forward_feature_maps(x, return_mixture=True)
+        losses.append(m(x).square().sum() + sum(f.square().mean() for f in feats.values()))
+        losses[-1].backward()
+    torch.testing.assert_close(losses[0], losses[1])
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    assert any(is_rel_pos(n) for n, _ in model.named_parameters())
+
+
+def test_layer_decay_ids_and_weight_decay_of_the_tables():
+    """A table is its block's parameter: the block's layer id; no weight decay (a position)."""
+    from timm.optim import create_optimizer_v2
+
+    model = create_srvit("srvit_s_t3", img_size=64, embed_dim=32, num_heads=2, num_classes=4, window_size=2,
+                         use_rel_pos=True)
+    sizes = model.unit_sizes
+    tables = [n for n, _ in model.named_parameters() if is_rel_pos(n)]
+    assert len(tables) == 2 * (11 + 5)  # 11 blocks have a windowed application, 5 a global one (the last: only)
+    for name in tables:
+        block = name.split(".attn.")[0]
+        assert layer_id(name, sizes) == layer_id(f"{block}.attn.qkv.weight", sizes) >= 1, name
+    assert layer_id("units.1.blocks.0.attn.global_rel_pos_h", sizes) == 2
+    assert layer_id("units.2.blocks.2.attn.window_rel_pos_w", sizes) == 8
+    assert set(tables) <= model.no_weight_decay()
+    opt = create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05, layer_decay=0.7)
+    params = dict(model.named_parameters())
+    for group in opt.param_groups:
+        for p in group["params"]:
+            name = next(n for n, q in params.items() if q is p)
+            if is_rel_pos(name):
+                assert group["weight_decay"] == 0.0 and group["lr_scale"] == pytest.approx(
+                    0.7 ** (sum(sizes) + 1 - layer_id(name, sizes))), name
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def test_checkpoint_round_trip(tmp_path):
+    a = randomized(tiny(window_size=2, use_rel_pos=True)).eval()
+    b = tiny(window_size=2, use_rel_pos=True).eval()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 3, 80, 48)
+    assert torch.equal(a(x), b(x))
+    torch.save({"model": a.state_dict()}, tmp_path / "win.pth")
+    c = tiny(window_size=2, use_rel_pos=True).eval()
+    report = load_pretrained(c, str(tmp_path / "win.pth"))
+    assert report.complete and not report.dropped
+    assert torch.equal(a(x), c(x))
+
+
+def test_rel_pos_tables_of_another_size_are_resized_on_load():
+    """Window 2 -> 3 and grid 4x4 -> 6x6: detectron2's linear interpolation, so the loaded
+    table gives the bias get_rel_pos would compute from the original at run time."""
+    src = randomized(tiny(window_size=2, use_rel_pos=True))
+    dst = tiny(img_size=96, window_size=3, use_rel_pos=True)
+    report = load_pretrained(dst, src.state_dict())
+    assert report.complete
+    assert any("units.1.blocks.0.attn.window_rel_pos_h resized 3 -> 5 rows" in n for n in report.notes)
+    for name, table in dst.named_parameters():
+        if is_rel_pos(name):
+            old = src.state_dict()[name]
+            expected = F.interpolate(old.T[None], size=table.shape[0], mode="linear")[0].T
+            torch.testing.assert_close(table.data, expected, msg=name)
+            size = (table.shape[0] + 1) // 2
+            torch.testing.assert_close(get_rel_pos(size, size, table.data), get_rel_pos(size, size, old), msg=name)
+
+
+def test_global_checkpoint_into_a_windowed_rel_pos_model(tmp_path, caplog):
+    """The usual fine-tuning start (ImageNet weights have a class token and no tables): the
+    class token and its position entry are dropped, the new tables are named and stay zero;
+    a really missing block weight is still refused."""
+    src = randomized(tiny(num_classes=0))
+    sd = src.state_dict()
+    model = tiny(num_classes=0, window_size=2, use_rel_pos=True)
+    with caplog.at_level("INFO"):
+        report = load_pretrained(model, dict(sd))
+    assert report.dropped == ["cls_token"] and not report.required_missing and not report.unexpected
+    assert report.missing and all(is_rel_pos(k) for k in report.missing)
+    assert "new relative-position tables, left at zero: 14 tensors: units.{0,1,2}.blocks.*.attn.window_rel_pos_h (4)" \
+        in caplog.text and "units.{1,2,3}.blocks.*.attn.global_rel_pos_w (3)" in caplog.text
+    assert "pos_embed prefix tokens 1 -> 0" in " ".join(report.notes)
+    assert torch.equal(model.pos_embed, sd["pos_embed"][:, 1:])
+    assert torch.equal(model.units[1].blocks[1].mlp.fc1.weight, sd["units.1.blocks.1.mlp.fc1.weight"])
+    assert all(p.abs().sum() == 0 for n, p in model.named_parameters() if is_rel_pos(n))
+
+    del sd["units.2.blocks.0.attn.qkv.weight"]
+    with pytest.raises(CheckpointError, match=r"does not hold 1 of.*\n  units\.2\.blocks\.\*\n"):
+        load_pretrained(tiny(num_classes=0, window_size=2, use_rel_pos=True), dict(sd))
+    # timm loads strictly when the classifier is kept: the new tables must not break that
+    torch.save(randomized(create_srvit("srvit_s_t2", img_size=32, embed_dim=32, num_heads=2)).state_dict(),
+               tmp_path / "cls.pth")
+    timm.create_model("srvit_s_t2", img_size=32, embed_dim=32, num_heads=2, window_size=2, use_rel_pos=True,
+                      pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path / "cls.pth")))
+    # the other way round cannot work: a class-token model from a checkpoint without one
+    with pytest.raises(CheckpointError, match="no class-token entry.*window_size / use_rel_pos"):
+        load_pretrained(tiny(), tiny(window_size=2).state_dict())
+
+
+# ----------------------------------------------------------------------------- default unchanged
+def test_default_is_the_global_class_token_model_bit_for_bit():
+    """window_size=0 is today's model: built without the new arguments or with their
+    defaults, the same parameters, no table, a class token, and outputs equal bit for bit;
+    at T=1 bit for bit timm's own VisionTransformer with the same weights."""
+    torch.manual_seed(0)
+    plain = tiny()
+    torch.manual_seed(0)
+    explicit = tiny(window_size=0, global_attn_indexes=None, use_rel_pos=False, global_pool="token")
+    assert plain.state_dict().keys() == explicit.state_dict().keys()
+    assert all(torch.equal(v, explicit.state_dict()[k]) for k, v in plain.state_dict().items())
+    assert plain.cls_token is not None and plain.num_prefix_tokens == 1 and plain.global_pool == "token"
+    assert not any(isinstance(m, RelPosAttention) for m in plain.modules())
+    assert all(w == 0 for u in plain.units for w in u.window_sizes)
+    x = torch.randn(2, 3, 64, 48)
+    assert torch.equal(randomized(plain).eval()(x), randomized(explicit).eval()(x))
+
+    vit = VisionTransformer(img_size=32, patch_size=16, embed_dim=32, depth=12, num_heads=2,
+                                        num_classes=5).eval()
+    deit = tiny(img_size=32, layout=(1,) * 10, num_steps=1).eval()
+    assert load_pretrained(deit, vit.state_dict()).complete
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(deit(x), vit(x))
+
+
+# ----------------------------------------------------------------------------- cost
+def test_windowed_attention_costs_fewer_flops_at_1024():
+    """64x64 tokens, width 32: a global application's attention counts 2 * 4096^2 * 32
+    multiply-adds, a 14x14-windowed one 2 * 25 * 196^2 * 32 (the grid padded to 70x70);
+    the difference is the whole gap between the counts, within 1% (padding adds linear cost)."""
+    x = torch.randn(1, 3, 1024, 1024)
+    args = dict(img_size=1024, embed_dim=32, num_heads=2, layout=(1,), num_steps=2, num_classes=0)
+    flops = {name: count_flops(SRViT(**args, **kw), (x,)) for name, kw in [
+        ("global", {}), ("default", dict(window_size=14)), ("windowed", dict(window_size=14, global_attn_indexes=()))]}
+    assert flops["windowed"] < flops["default"] < flops["global"]
+    saving_per_application = 2 * 4096 ** 2 * 32 - 2 * 25 * 196 ** 2 * 32
+    assert flops["global"] - flops["windowed"] == pytest.approx(4 * saving_per_application, rel=0.01)
+    assert flops["global"] - flops["default"] == pytest.approx(2 * saving_per_application, rel=0.01)  # 2 of 4 global
+
+
+# ----------------------------------------------------------------------------- errors
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(window_size=-1), r"window_size must be an integer >= 0 \(0 = global attention"),
+    (dict(window_size=2.5), r"window_size must be an integer >= 0"),
+    (dict(window_size=2, global_attn_indexes=(3, 11)),
+     r"global_attn_indexes \[11\] out of range: .* 11 times, numbered 0\.\.10 .*or None for the default"),
+    (dict(window_size=2, global_attn_indexes=(-1,)), r"global_attn_indexes \[-1\] out of range"),
+    (dict(window_size=2, global_pool="token"), r"global_pool='token' needs the class token.*use global_pool='avg'"),
+    (dict(use_rel_pos=True, distilled=True), r"distilled=True needs the class and distillation tokens.*window_size=0"),
+])
+def test_bad_window_arguments_name_the_argument_and_the_fix(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        tiny(**kwargs)
+
+
+def test_windowed_unit_without_the_grid_is_a_clear_error():
+    unit = SoftMoRUnit(tiny(window_size=2).units[1].blocks, num_steps=1, window_sizes=[2, 2])
+    with pytest.raises(ValueError, match=r"need the patch grid: call the unit as unit\(x, hw=\(h, w\)\)"):
+        unit(torch.randn(1, 16, 32))
+    with pytest.raises(ValueError, match="17 tokens do not form the 4x4 patch grid.*no class token"):
+        unit(torch.randn(1, 17, 32), hw=(4, 4))
+    with pytest.raises(ValueError, match=r"window_sizes needs 2 integers >= 0"):
+        SoftMoRUnit(tiny().units[1].blocks, num_steps=1, window_sizes=[2, -2])
