@@ -1,6 +1,8 @@
 """Detectron2: the SR-ViT Mask R-CNN configs, the checkpointer, and tools/train_net.py end to end."""
+import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -8,15 +10,40 @@ import pytest
 import torch
 from detectron2.config import LazyConfig, get_cfg, instantiate
 from detectron2.modeling import build_model
+from detectron2.structures import BitMasks, Instances
+from detectron2.utils.events import EventStorage
 
 import srvit_backbones
-from srvit_backbones import CheckpointError, create_srvit
-from srvit_backbones.detectron2 import SRViTBackbone, SRViTCheckpointer, add_srvit_config
+from srvit_backbones import CheckpointError, create_srvit, load_pretrained
+from srvit_backbones.detectron2 import (SRViTBackbone, SRViTCheckpointer, add_srvit_config, srvit_optimizer_params,
+                                        validate_config)
 from srvit_backbones.layer_decay import lr_decay_factor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "detectron2_configs")
 QUICKSTART = os.path.join(CONFIGS, "quickstart", "mask_rcnn_srvit_tiny_cpu.py")
+S_T3 = os.path.join(CONFIGS, "mask_rcnn_srvit_s_t3.py")
+# every shipped config (quickstart/ included), found by glob: a new one is covered unedited
+SHIPPED = sorted(p for p in glob.glob(os.path.join(CONFIGS, "**", "*.py"), recursive=True)
+                 if os.path.relpath(p, CONFIGS).split(os.sep)[0] != "common")
+PREFIX = "backbone.net.srvit."
+
+# Shrinks any shipped config to a 64-wide backbone, 64-channel pyramid and heads, 64-pixel
+# images, CPU and no checkpoint (the quickstart config's recipe, smaller).
+TINY = [
+    "model.backbone.net.img_size=64", "model.backbone.net.embed_dim=64", "model.backbone.net.num_heads=2",
+    "model.backbone.square_pad=64", "model.backbone.out_channels=64", "model.proposal_generator.head.in_channels=64",
+    "model.roi_heads.box_head.input_shape.channels=64", "model.roi_heads.box_head.conv_dims=[64,64]",
+    "model.roi_heads.box_head.fc_dims=[64]", "model.roi_heads.box_predictor.input_shape.channels=64",
+    "model.roi_heads.mask_head.input_shape.channels=64", "model.roi_heads.mask_head.conv_dims=[64,64]",
+    "model.roi_heads.batch_size_per_image=64",
+    "dataloader.train.mapper.augmentations.1.min_scale=0.5", "dataloader.train.mapper.augmentations.1.max_scale=1.5",
+    "dataloader.train.mapper.augmentations.1.target_height=64", "dataloader.train.mapper.augmentations.1.target_width=64",
+    "dataloader.train.mapper.augmentations.2.crop_size=[64,64]",
+    "dataloader.test.mapper.augmentations.0.short_edge_length=64", "dataloader.test.mapper.augmentations.0.max_size=64",
+    "dataloader.train.total_batch_size=2", "dataloader.train.num_workers=0", "dataloader.test.num_workers=0",
+    "train.device=cpu", "train.amp.enabled=False", "train.init_checkpoint=''",
+]
 
 # paper Table 4, whole detector (M)
 TABLE4 = {"mask_rcnn_deit_s.py": 45.9, "mask_rcnn_srvit_s_t2.py": 46.5, "mask_rcnn_srvit_s_t3.py": 47.1,
@@ -78,6 +105,109 @@ def test_layer_decay_groups_every_backbone_parameter():
         assert lr_of[id(params[name])] == pytest.approx(1e-4 * factor), name
     for name, p in params.items():  # and every other parameter follows the one rule
         assert lr_of[id(p)] == pytest.approx(1e-4 * lr_decay_factor(name, 0.7, sizes, "backbone.net.srvit.")), name
+
+
+def tiny(path, *overrides):
+    return LazyConfig.apply_overrides(LazyConfig.load(path), TINY + list(overrides))
+
+
+@pytest.mark.parametrize("override,unit_sizes", [
+    ("model.backbone.net.layout=[2,2]", [1, 2, 2, 1]),
+    ("model.backbone.net.layout=fine_grained", [1] * 12),
+    ("model.backbone.net.num_steps=2", [1, 4, 3, 2, 1, 1]),
+    ("model.backbone.net.variant=srvit_t_t3", [1, 3, 2, 1, 1]),
+    ("model.backbone.net.distilled=True", [1, 4, 3, 2, 1, 1]),
+])
+def test_layer_decay_follows_the_built_backbone(override, unit_sizes):
+    cfg = tiny(S_T3, override)
+    model = instantiate(cfg.model)
+    built = model.backbone.net.srvit
+    assert built.unit_sizes == unit_sizes
+    cfg.optimizer.params.model = model
+    optim = instantiate(cfg.optimizer)
+    group_of = {id(p): g for g in optim.param_groups for p in g["params"]}
+    for name, p in model.named_parameters():
+        assert group_of[id(p)]["lr"] == pytest.approx(1e-4 * lr_decay_factor(name, 0.7, unit_sizes, PREFIX)), name
+    no_decay = built.no_weight_decay()
+    checked = set()
+    for name, p in built.named_parameters():
+        if name in no_decay:
+            assert group_of[id(p)]["weight_decay"] == 0.0, name
+            checked.add(name)
+        elif name.endswith("qkv.weight"):
+            assert group_of[id(p)]["weight_decay"] == cfg.optimizer.weight_decay > 0, name
+    assert checked == {"pos_embed", "cls_token"} | ({"dist_token"} if built.distilled else set())
+
+
+def synthetic_batch(size=64):
+    """Two images with two instances each (boxes, classes and masks), as the mapper yields them."""
+    g = torch.Generator().manual_seed(0)
+    batch = []
+    for classes in ([1, 5], [7, 1]):
+        masks = torch.zeros(2, size, size, dtype=torch.bool)
+        masks[0, 6:38, 8:40] = True
+        masks[1, 30:60, 24:54] = True
+        instances = Instances((size, size), gt_boxes=BitMasks(masks).get_bounding_boxes(),
+                              gt_classes=torch.tensor(classes), gt_masks=BitMasks(masks))
+        batch.append({"image": torch.randint(0, 256, (3, size, size), dtype=torch.uint8, generator=g),
+                      "instances": instances, "height": size, "width": size})
+    return batch
+
+
+def test_the_config_sweep_includes_subfolders_but_not_common():
+    names = [os.path.relpath(p, CONFIGS) for p in SHIPPED]
+    assert os.path.join("quickstart", "mask_rcnn_srvit_tiny_cpu.py") in names and "mask_rcnn_srvit_s_t3.py" in names
+    assert not any(n.startswith("common") for n in names)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: os.path.relpath(p, CONFIGS))
+def test_every_config_trains_one_step(path):
+    """Every parameter gets a gradient (DDP with find_unused_parameters=False needs it) and
+    the config's optimizer holds every trainable parameter."""
+    cfg = validate_config(tiny(path))
+    torch.manual_seed(0)
+    model = instantiate(cfg.model).train()
+    cfg.optimizer.params.model = model
+    optim = instantiate(cfg.optimizer)
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert {id(p) for g in optim.param_groups for p in g["params"]} == {id(p) for p in trainable.values()}
+    with EventStorage():  # the detector logs training statistics
+        losses = model(synthetic_batch())
+    assert {"loss_rpn_cls", "loss_cls", "loss_box_reg", "loss_mask"} <= set(losses)
+    loss = sum(losses.values())
+    assert torch.isfinite(loss)
+    loss.backward()
+    assert [n for n, p in trainable.items() if p.grad is None] == []
+    before = trainable["roi_heads.mask_head.predictor.weight"].detach().clone()
+    optim.step()
+    assert not torch.equal(before, trainable["roi_heads.mask_head.predictor.weight"])
+
+
+@pytest.mark.parametrize("out_features,kept", [(["unit2"], 3), (["unit1", "unit3"], 4), (["unit4"], 5),
+                                               (["unit1", "last_feat"], 6)])
+def test_backbone_holds_and_runs_only_what_it_returns(out_features, kept):
+    net = SRViTBackbone("srvit_s_t2", img_size=64, out_features=out_features, embed_dim=32, num_heads=2,
+                        drop_path_rate=0.0)
+    assert len(net.srvit.units) == kept
+    x = torch.randn(2, 3, 64, 64)
+    out = net(x)
+    assert set(out) == set(out_features)
+    sum(o.pow(2).mean() for o in out.values()).backward()
+    assert [n for n, p in net.named_parameters() if p.grad is None] == []
+    # the same features as the whole core model with these weights
+    full = create_srvit("srvit_s_t2", img_size=64, embed_dim=32, num_heads=2, num_classes=0, global_pool="").eval()
+    missing = full.load_state_dict(net.srvit.state_dict(), strict=False).missing_keys
+    assert all(k.startswith(tuple(f"units.{i}." for i in range(kept, 6)) + ("norm.",)) for k in missing)
+    with torch.no_grad():
+        ref = full.forward_feature_maps(x, indices=[0, 1, 2, 3, 4, 5])
+        got = net.eval()(x)
+    for f in out_features:
+        torch.testing.assert_close(got[f], ref[f])
+    # layer decay counts the whole network, whichever units are kept (as the mmseg adapter)
+    for group in srvit_optimizer_params(net, base_lr=1.0, lr_decay=0.7):
+        for p in group["params"]:
+            name = next(n for n, q in net.named_parameters() if q is p)
+            assert group["lr"] == pytest.approx(lr_decay_factor(name, 0.7, [1, 4, 3, 2, 1, 1], "srvit.")), name
 
 
 def test_backbone_outputs_and_shapes():
@@ -161,12 +291,21 @@ def test_checkpoint_of_another_width_or_t_is_a_clear_error(tmp_path):
 
 
 # ----------------------------------------------------------------------------- end to end
-def run_train_net(tmp_path, *args, num_gpus=1, timeout=600):
+def run_train_net(tmp_path, *args, config=QUICKSTART, num_gpus=1, timeout=600):
     env = dict(os.environ, DETECTRON2_DATASETS=str(tmp_path / "data"), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, os.path.join(ROOT, "tools", "train_net.py"), "--config", QUICKSTART,
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "train_net.py"), "--config", config,
            "--num-gpus", str(num_gpus), *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=str(tmp_path))
     return proc, proc.stdout + proc.stderr
+
+
+def load_train_net():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_net", os.path.join(ROOT, "tools", "train_net.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -177,50 +316,171 @@ def coco_root(tmp_path_factory):
     return root
 
 
-def test_train_eval_resume_end_to_end(coco_root):
+def in_process_data(coco_root):
+    """Overrides that read the synthetic COCO in this process, under names of its own
+    (detectron2's builtin coco_2017_* paths were fixed when detectron2.data was imported)."""
+    from detectron2.data import DatasetCatalog
+    from detectron2.data.datasets import register_coco_instances
+
+    names = {}
+    for split in ("train", "val"):
+        names[split] = f"srvit_synthetic_coco_{split}_{abs(hash(str(coco_root)))}"
+        if names[split] not in DatasetCatalog.list():
+            coco = coco_root / "data" / "coco"
+            register_coco_instances(names[split], {}, str(coco / "annotations" / f"instances_{split}2017.json"),
+                                    str(coco / f"{split}2017"))
+    return [f"dataloader.train.dataset.names={names['train']}", f"dataloader.test.dataset.names={names['val']}"]
+
+
+COMMON = ["model.backbone.net.img_size=128", "model.backbone.square_pad=128",
+          "dataloader.train.mapper.augmentations.1.target_height=128",
+          "dataloader.train.mapper.augmentations.1.target_width=128",
+          "dataloader.train.mapper.augmentations.2.crop_size=[128,128]",
+          "dataloader.test.mapper.augmentations.0.short_edge_length=128",
+          "dataloader.test.mapper.augmentations.0.max_size=128",
+          "dataloader.train.total_batch_size=2", "train.log_period=2"]
+MID = 12  # the first run also saves model_0000012.pth: a checkpoint in the middle of its schedule
+
+
+@pytest.fixture(scope="module")
+def trained(coco_root):
+    """A real tools/train_net.py run of 16 iterations: its output folder."""
     out = str(coco_root / "out")
-    common = [f"train.output_dir={out}", "model.backbone.net.img_size=128", "model.backbone.square_pad=128",
-              "dataloader.train.mapper.augmentations.1.target_height=128",
-              "dataloader.train.mapper.augmentations.1.target_width=128",
-              "dataloader.train.mapper.augmentations.2.crop_size=[128,128]",
-              "dataloader.test.mapper.augmentations.0.short_edge_length=128",
-              "dataloader.test.mapper.augmentations.0.max_size=128",
-              "dataloader.train.total_batch_size=2", "train.log_period=2", "train.checkpointer.period=1000"]
-    proc, log = run_train_net(coco_root, *common, "train.max_iter=16", "train.eval_period=16")
+    proc, log = run_train_net(coco_root, f"train.output_dir={out}", *COMMON, "train.max_iter=16",
+                              "train.eval_period=16", f"train.checkpointer.period={MID + 1}")
     assert proc.returncode == 0, log[-3000:]
-    metrics = [json.loads(line) for line in open(os.path.join(out, "metrics.json"))]
+    assert "copypaste: Task: bbox" in log and "copypaste: Task: segm" in log
+    return out
+
+
+def test_train_eval_resume_end_to_end(coco_root, trained):
+    metrics = [json.loads(line) for line in open(os.path.join(trained, "metrics.json"))]
     losses = [m["total_loss"] for m in metrics if "total_loss" in m]
     assert len(losses) >= 6 and all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-2:]) < sum(losses[:2]), losses
-    assert "copypaste: Task: bbox" in log and "copypaste: Task: segm" in log
-    assert os.path.exists(os.path.join(out, "model_final.pth"))
+    assert os.path.exists(os.path.join(trained, "model_final.pth"))
 
-    proc, log = run_train_net(coco_root, "--resume", *common, "train.max_iter=18", "train.eval_period=1000")
+    out = str(coco_root / "continued")
+    shutil.copytree(trained, out)
+    proc, log = run_train_net(coco_root, "--resume", f"train.output_dir={out}", *COMMON, "train.max_iter=18",
+                              "train.eval_period=1000")
     assert proc.returncode == 0, log[-3000:]
     assert "Starting training from iteration 16" in log
 
-    proc, log = run_train_net(coco_root, "--eval-only", *common,
-                              f"train.init_checkpoint={os.path.join(out, 'model_final.pth')}")
+    proc, log = run_train_net(coco_root, "--eval-only", f"train.output_dir={out}", *COMMON,
+                              f"train.init_checkpoint={os.path.join(trained, 'model_final.pth')}")
     assert proc.returncode == 0, log[-3000:]
     assert "copypaste: Task: bbox" in log and "copypaste: Task: segm" in log
 
 
-def test_two_process_ddp_on_cpu(coco_root):
-    out = str(coco_root / "ddp")
-    proc, log = run_train_net(coco_root, f"train.output_dir={out}", "train.max_iter=3", "train.eval_period=1000",
-                              "model.backbone.net.use_act_checkpoint=True", "dataloader.train.total_batch_size=2",
-                              "train.log_period=1", num_gpus=2)
+def assert_same_tensors(actual, expected):
+    assert set(actual) == set(expected)
+    for k, v in expected.items():
+        assert torch.equal(actual[k], v), k
+
+
+def test_resume_restores_the_checkpointed_state(coco_root, trained, tmp_path):
+    """--resume from the middle of a schedule, through train_net's own trainer construction:
+    weights, AdamW moments, iteration and lr are the checkpoint's, and the lr schedule goes on
+    exactly as in the uninterrupted run."""
+    name = f"model_{MID:07d}.pth"
+    shutil.copy(os.path.join(trained, name), tmp_path)
+    (tmp_path / "last_checkpoint").write_text(name)
+    ckpt = torch.load(tmp_path / name, map_location="cpu", weights_only=True)
+    train_net = load_train_net()
+    args = train_net.parse_args(["--config", QUICKSTART, "--resume", f"train.output_dir={tmp_path}", *COMMON,
+                                 "train.max_iter=16", "train.eval_period=1000", "train.checkpointer.period=1000",
+                                 *in_process_data(coco_root)])
+    cfg = train_net.load_config(args)
+    trainer, start_iter = train_net.build_trainer(args, cfg)
+
+    assert trainer.iter == ckpt["iteration"] == MID and start_iter == MID + 1
+    assert_same_tensors(trainer.model.state_dict(), ckpt["model"])
+    optim, saved = trainer.optimizer, ckpt["trainer"]["optimizer"]
+    assert [g["lr"] for g in optim.param_groups] == [g["lr"] for g in saved["param_groups"]]
+    router = trainer.model.backbone.net.srvit.units[1].router.weight
+    index = next(i for i, p in enumerate(p for g in optim.param_groups for p in g["params"]) if p is router)
+    assert saved["state"][index]["exp_avg_sq"].abs().sum() > 0  # a trained moment, not a fresh zero
+    for key in ("step", "exp_avg", "exp_avg_sq"):
+        assert torch.equal(optim.state[router][key], saved["state"][index][key]), key
+
+    best = train_net.hooks.LRScheduler.get_best_param_group_id(optim)
+    trainer.train(start_iter, cfg.train.max_iter)
+    lr_at = {it: lr for lr, it in trainer.storage.history("lr").values()}
+    assert lr_at[MID + 1] == saved["param_groups"][best]["lr"]
+    uninterrupted = {m["iteration"]: m["lr"] for m in map(json.loads, open(os.path.join(trained, "metrics.json")))
+                     if "lr" in m}
+    shared = sorted(set(lr_at) & set(uninterrupted))
+    assert shared and [lr_at[i] for i in shared] == pytest.approx([uninterrupted[i] for i in shared], rel=1e-12)
+
+
+def test_eval_only_loads_model_final(trained):
+    final = os.path.join(trained, "model_final.pth")
+    train_net = load_train_net()
+    args = train_net.parse_args(["--config", QUICKSTART, "--eval-only", f"train.output_dir={trained}", *COMMON,
+                                 f"train.init_checkpoint={final}"])
+    model = train_net.build_eval_model(train_net.load_config(args))
+    assert_same_tensors(model.state_dict(), torch.load(final, map_location="cpu", weights_only=True)["model"])
+
+
+def test_model_final_loads_into_the_core_model(trained):
+    """A detector's checkpoint gives its backbone to any other user of the core (mmseg...)."""
+    final = os.path.join(trained, "model_final.pth")
+    saved = torch.load(final, map_location="cpu", weights_only=True)["model"]
+    core = create_srvit("srvit_t_t2", img_size=128, embed_dim=64, num_heads=2, num_classes=0, global_pool="")
+    core.prune_intermediate_layers([len(core.units) - 1], prune_norm=True)  # as the detector's backbone
+    load_pretrained(core, final)
+    backbone = {k[len(PREFIX):]: v for k, v in saved.items() if k.startswith(PREFIX)}
+    assert_same_tensors(core.state_dict(), backbone)
+
+
+def test_partial_pretraining_checkpoint_needs_opt_in(coco_root, tmp_path):
+    core = create_srvit("srvit_t_t2", img_size=192, embed_dim=64, num_heads=2)  # the quickstart backbone
+    partial = {k: v for k, v in core.state_dict().items() if not k.startswith("units.2.")}
+    path = str(tmp_path / "partial.pth")
+    torch.save({"model": partial, "epoch": 1}, path)
+    train_net = load_train_net()
+    argv = ["--config", QUICKSTART, f"train.output_dir={tmp_path}", f"train.init_checkpoint={path}",
+            *in_process_data(coco_root)]
+    args = train_net.parse_args(argv)
+    with pytest.raises(CheckpointError, match="units.2"):
+        train_net.build_trainer(args, train_net.load_config(args))
+
+    args = train_net.parse_args(argv + ["model.backbone.net.allow_partial=True"])
+    trainer, _ = train_net.build_trainer(args, train_net.load_config(args))
+    loaded = trainer.model.backbone.net.srvit.state_dict()
+    for k, v in partial.items():
+        if not k.startswith(("head.", "norm.")):  # the detector's backbone has neither
+            assert torch.equal(loaded[k], v), k
+
+
+def test_prefer_ema_is_a_backbone_setting(tmp_path):
+    kw = dict(img_size=192, embed_dim=64, num_heads=2)  # the quickstart backbone
+    weights, ema = create_srvit("srvit_t_t2", **kw), create_srvit("srvit_t_t2", **kw)
+    path = str(tmp_path / "pre.pth")
+    torch.save({"model": weights.state_dict(), "model_ema": ema.state_dict()}, path)
+    for prefer_ema, source in ((False, weights), (True, ema)):
+        cfg = LazyConfig.apply_overrides(LazyConfig.load(QUICKSTART), [f"model.backbone.net.prefer_ema={prefer_ema}"])
+        model = instantiate(cfg.model)
+        SRViTCheckpointer(model).load(path)
+        loaded = model.backbone.net.srvit.state_dict()
+        for k, v in source.state_dict().items():
+            if not k.startswith(("head.", "norm.")):
+                assert torch.equal(loaded[k], v), (prefer_ema, k)
+
+
+@pytest.mark.parametrize("config,extra", [(QUICKSTART, ["model.backbone.net.use_act_checkpoint=True"]), (S_T3, [])],
+                         ids=["t_t2-act_checkpoint", "s_t3"])
+def test_two_process_ddp_on_cpu(coco_root, config, extra):
+    """Two iterations, so that a parameter without a gradient would fail the second one
+    (detectron2's default DDP settings: find_unused_parameters=False)."""
+    assert LazyConfig.load(config).train.ddp.find_unused_parameters is False
+    out = str(coco_root / f"ddp_{os.path.basename(config)}")
+    proc, log = run_train_net(coco_root, *TINY, *extra, f"train.output_dir={out}", "train.max_iter=2",
+                              "train.eval_period=1000", "dataloader.train.total_batch_size=2", "train.log_period=1",
+                              config=config, num_gpus=2)
     assert proc.returncode == 0, log[-3000:]
-    assert "iter: 2" in log
-
-
-def load_train_net():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("train_net", os.path.join(ROOT, "tools", "train_net.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    assert "iter: 1" in log
 
 
 @pytest.mark.parametrize("override,error,match", [

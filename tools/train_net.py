@@ -9,7 +9,9 @@
 
 Configs are found by path, or by name through the installed package
 (``--config mask_rcnn_srvit_s_t3.py``). ``train.init_checkpoint`` takes a
-``tools/pretrain.py`` checkpoint, a timm DeiT state dict, or a detectron2 checkpoint.
+``tools/pretrain.py`` checkpoint, a timm DeiT state dict, or a detectron2 checkpoint; a
+pretraining checkpoint that lacks backbone weights is refused unless
+``model.backbone.net.allow_partial=True``.
 """
 import logging
 import os
@@ -59,7 +61,19 @@ def do_test(cfg, model):
     return None
 
 
-def do_train(args, cfg):
+def build_eval_model(cfg):
+    """The ``--eval-only`` model, with ``train.init_checkpoint`` loaded."""
+    model = instantiate(cfg.model)
+    model.to(cfg.train.device)
+    model = create_ddp_model(model, **ddp_kwargs(cfg))
+    SRViTCheckpointer(model).load(cfg.train.init_checkpoint)
+    return model
+
+
+def build_trainer(args, cfg):
+    """Model, optimizer, data, hooks and checkpointer of a training run, loaded from
+    ``train.init_checkpoint`` or, with ``--resume``, restored from the last checkpoint in
+    ``train.output_dir`` (weights, optimizer, iteration). Returns (trainer, start_iter)."""
     model = instantiate(cfg.model)
     logger.info("Model:\n%s", model)
     model.to(cfg.train.device)
@@ -80,24 +94,29 @@ def do_train(args, cfg):
     ])
     checkpointer.resume_or_load(cfg.train.init_checkpoint, resume=args.resume)
     start_iter = trainer.iter + 1 if args.resume and checkpointer.has_checkpoint() else 0
+    return trainer, start_iter
+
+
+def do_train(args, cfg):
+    trainer, start_iter = build_trainer(args, cfg)
     trainer.train(start_iter, cfg.train.max_iter)
 
 
-def main(args):
+def load_config(args):
+    """The config named by ``args`` (a path or a shipped name) with its ``key=value`` overrides."""
     try:
         path = srvit_backbones.resolve_config("detectron2", args.config_file)
     except FileNotFoundError as e:
         sys.exit(str(e))
-    cfg = LazyConfig.load(path)
-    cfg = LazyConfig.apply_overrides(cfg, args.opts)
+    return LazyConfig.apply_overrides(LazyConfig.load(path), args.opts)
+
+
+def main(args):
+    cfg = load_config(args)
     default_setup(cfg, args)
     check_config(cfg)
     if args.eval_only:
-        model = instantiate(cfg.model)
-        model.to(cfg.train.device)
-        model = create_ddp_model(model, **ddp_kwargs(cfg))
-        SRViTCheckpointer(model).load(cfg.train.init_checkpoint)
-        return do_test(cfg, model)
+        return do_test(cfg, build_eval_model(cfg))
     do_train(args, cfg)
 
 

@@ -12,7 +12,7 @@ from detectron2.config import LazyCall as L
 from detectron2.solver import WarmupParamScheduler
 from fvcore.common.param_scheduler import CosineParamScheduler
 
-from srvit_backbones.detectron2 import SRViTBackbone, srvit_lr_factor_func
+from srvit_backbones.detectron2 import SRViTBackbone, srvit_optimizer_params
 
 from .coco_loader_lsj import dataloader, image_size
 
@@ -23,6 +23,11 @@ model.backbone.net = L(SRViTBackbone)(
     out_features=["last_feat"],
     drop_path_rate=0.1,
     use_act_checkpoint=False,
+    # train.init_checkpoint (a pretraining checkpoint): take its EMA weights when present;
+    # a checkpoint that lacks backbone weights is a CheckpointError naming them, unless
+    # allow_partial=True (the missing ones keep their initialisation and are logged).
+    prefer_ema=False,
+    allow_partial=False,
 )
 model.backbone.in_feature = "last_feat"
 model.backbone.square_pad = image_size
@@ -45,6 +50,7 @@ lr_multiplier = L(WarmupParamScheduler)(
 
 optimizer = model_zoo.get_config("common/optim.py").AdamW
 optimizer.lr = 1e-4
-optimizer.params.lr_factor_func = L(srvit_lr_factor_func)(variant="${model.backbone.net.variant}", decay=0.7)
-optimizer.params.overrides = {"pos_embed": {"weight_decay": 0.0}, "cls_token": {"weight_decay": 0.0},
-                              "dist_token": {"weight_decay": 0.0}}
+# Layer decay by the unit sizes of the backbone as built (variant, layout, num_steps
+# overrides followed); no weight decay on the core's no_weight_decay() names.
+# tools/train_net.py sets optimizer.params.model, as detectron2's lazyconfig_train_net does.
+optimizer.params = L(srvit_optimizer_params)(base_lr="${..lr}", weight_decay_norm=0.0, lr_decay=0.7)

@@ -5,39 +5,41 @@ Like ViTDet's ``ViT`` it knows nothing about the detector: it outputs stride-16 
 ``SimpleFeaturePyramid`` in the configs.
 """
 from functools import partial
-from typing import Optional, Sequence
+from typing import Sequence
 
-import torch.nn as nn
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import Backbone
+from detectron2.solver import get_default_optimizer_params
 
 from ..layer_decay import lr_decay_factor
-from ..models import create_srvit, variant_args
-
-#: parameter-name prefix of the core model inside the ViTDet-style detector
-#: (``model.backbone`` = SimpleFeaturePyramid, ``.net`` = this backbone, ``.srvit`` = core)
-SRVIT_PREFIX = "backbone.net.srvit."
+from ..models import create_srvit
 
 
 class SRViTBackbone(Backbone):
     """Args:
         variant: a named SR-ViT variant (``srvit_s_t3``, ``srvit_deit_s``, ...).
         img_size: size of the position-embedding table (1024 for LSJ: a full 64x64 grid).
-        out_features: among ``last_feat`` and ``unit{i}`` (i over ``model.units``).
+        out_features: among ``last_feat`` and ``unit{i}`` (i over ``model.units``). Without
+            ``last_feat`` the core is cut after the last requested unit: later units are
+            neither held nor run (DDP with ``find_unused_parameters=False`` rejects
+            parameters that get no gradient).
         drop_path_rate: stochastic depth over the effective depth.
         use_act_checkpoint: checkpoint every block application (non-reentrant, DDP-safe).
+        prefer_ema: load the EMA weights of a pretraining checkpoint (``train.init_checkpoint``)
+            when it has them.
+        allow_partial: let a pretraining checkpoint that lacks some backbone weights load
+            (they keep their initialisation and are listed in the log) instead of raising
+            ``CheckpointError``. Both are read by ``SRViTCheckpointer``.
         **overrides: any other core argument (``num_steps``, ``layout``, ``aggregation``...).
     """
 
     def __init__(self, variant: str = "srvit_s_t3", img_size: int = 1024,
                  out_features: Sequence[str] = ("last_feat",), drop_path_rate: float = 0.1,
-                 use_act_checkpoint: bool = False, **overrides):
+                 use_act_checkpoint: bool = False, prefer_ema: bool = False, allow_partial: bool = False,
+                 **overrides):
         super().__init__()
         self.srvit = create_srvit(variant, img_size=img_size, num_classes=0, global_pool="",
                                   drop_path_rate=drop_path_rate, **overrides)
-        # ViTDet's ViT has no final norm: the SFP normalises; an unused norm would also
-        # leave parameters without gradients under DDP.
-        self.srvit.norm = nn.Identity()
         self.srvit.set_grad_checkpointing(use_act_checkpoint)
         units = len(self.srvit.units)
         known = ["last_feat"] + [f"unit{i}" for i in range(units)]
@@ -47,9 +49,17 @@ class SRViTBackbone(Backbone):
                              f"(recursive units: {[f'unit{i}' for i in self.srvit.recursive_unit_indices]})")
         self._out_features = list(out_features)
         self._unit_indices = [int(f[4:]) for f in out_features if f.startswith("unit")]
+        # Layer-decay ids count the whole network as built, before any cut, so a parameter
+        # gets the same factor whichever features are returned (and as in MMSegmentation).
+        self.layer_decay_unit_sizes = list(self.srvit.unit_sizes)
+        last = units - 1 if "last_feat" in out_features else max(self._unit_indices)
+        # ViTDet's ViT has no final norm (the SFP normalises): drop it with the unused units.
+        self.srvit.prune_intermediate_layers([last], prune_norm=True)
         stride = self.srvit.patch_size
         self._out_feature_channels = {f: self.srvit.embed_dim for f in out_features}
         self._out_feature_strides = {f: stride for f in out_features}
+        self.prefer_ema = prefer_ema
+        self.allow_partial = allow_partial
 
     @property
     def size_divisibility(self) -> int:
@@ -64,8 +74,30 @@ class SRViTBackbone(Backbone):
                 for f in self._out_features}
 
 
-def srvit_lr_factor_func(variant: str, decay: float = 0.7, prefix: str = SRVIT_PREFIX,
-                         layout: Optional[Sequence[int]] = None):
-    """detectron2 ``lr_factor_func`` for a variant, by the shared-block rule."""
-    layout = tuple(layout) if layout is not None else variant_args(variant)["layout"]
-    return partial(lr_decay_factor, decay=decay, unit_sizes=[1, *layout, 1], prefix=prefix)
+def find_srvit_backbone(model):
+    """(name, module) of the one ``SRViTBackbone`` inside ``model``."""
+    found = [(name, m) for name, m in model.named_modules() if isinstance(m, SRViTBackbone)]
+    if len(found) != 1:
+        raise ValueError(f"expected one SRViTBackbone in the model, found {len(found)}: "
+                         f"{[name for name, _ in found]}; build the detector with "
+                         f"model.backbone.net = L(SRViTBackbone)(...) (see detectron2_configs/)")
+    return found[0]
+
+
+def srvit_optimizer_params(model, lr_decay: float = 0.7, overrides=None, **kwargs):
+    """detectron2's ``get_default_optimizer_params`` with layer-wise lr decay and the
+    no-weight-decay names read from the SR-ViT backbone inside ``model`` as it was built, so
+    config overrides of the variant, ``layout`` or ``num_steps`` are followed.
+
+    Used as ``optimizer.params = L(srvit_optimizer_params)(base_lr="${..lr}", ...)``;
+    ``params.model`` is set by the training script (as in detectron2's own configs).
+    ``overrides`` (by parameter name, as detectron2's) take precedence over the
+    ``weight_decay=0`` given to the core's ``no_weight_decay()`` names (direct parameters
+    of the core, so detectron2's leaf-name matching finds them).
+    """
+    name, backbone = find_srvit_backbone(model)
+    prefix = f"{name}.srvit." if name else "srvit."
+    factor = partial(lr_decay_factor, decay=lr_decay, unit_sizes=backbone.layer_decay_unit_sizes, prefix=prefix)
+    no_decay = {n: {"weight_decay": 0.0} for n in backbone.srvit.no_weight_decay()}
+    return get_default_optimizer_params(model, lr_factor_func=factor, overrides={**no_decay, **(overrides or {})},
+                                        **kwargs)

@@ -21,10 +21,9 @@ def is_core_checkpoint(obj) -> bool:
 
 
 class SRViTCheckpointer(DetectionCheckpointer):
-    """Args as DetectionCheckpointer; ``prefer_ema`` picks EMA weights of a pretraining
-    checkpoint when present."""
-
-    prefer_ema = False
+    """Args as DetectionCheckpointer. A core checkpoint loads into every ``SRViTBackbone`` of
+    the model with that backbone's ``prefer_ema`` and ``allow_partial`` settings (config keys
+    ``model.backbone.net.prefer_ema`` / ``.allow_partial``)."""
 
     def _load_file(self, filename):
         if filename.endswith((".pth", ".pt", ".bin")):
@@ -40,6 +39,7 @@ class SRViTCheckpointer(DetectionCheckpointer):
         if not backbones:
             raise ValueError("train.init_checkpoint is an SR-ViT checkpoint, but the model has no SRViTBackbone")
         for backbone in backbones:  # the report (what did not load) goes to the log
-            load_pretrained(backbone.srvit, checkpoint["model"], prefer_ema=self.prefer_ema, log=self.logger)
+            load_pretrained(backbone.srvit, checkpoint["model"], prefer_ema=backbone.prefer_ema,
+                            allow_partial=backbone.allow_partial, log=self.logger)
         self.logger.info("Detector parts outside the backbone start from their initialisation.")
         return None
