@@ -3,14 +3,17 @@ distillation, the Table 8 recipe, and its checkpoints flowing into both framewor
 import importlib.util
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
 import timm
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
+from timm.data import auto_augment
 
 from srvit_backbones import create_srvit
+from srvit_backbones.pretrain import augment, engine, recipe, trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,12 +44,45 @@ def tiny_args(data, out, *extra):
             "--max-iters-per-epoch", "2", "--log-interval", "1", "--output", str(out), *extra]
 
 
+def tiny_model():
+    return timm.create_model("srvit_t_t2", num_classes=3, img_size=32)
+
+
+def val_loader_of(argv):
+    """The validation loader that tools/pretrain.py builds for ``argv``."""
+    args = recipe.parse(argv)
+    train_set, val_set, num_classes = engine.build_datasets(args)
+    return engine.build_loaders(args, tiny_model(), train_set, val_set, num_classes, distributed=False)[1]
+
+
+def hand_top1(state_dict, loader):
+    """Top-1 accuracy (%) of the weights ``state_dict``, counted image by image from the logits."""
+    model = tiny_model().eval()
+    model.load_state_dict(state_dict)
+    correct = total = 0
+    with torch.no_grad():
+        for images, targets in loader:
+            correct += (model(images).argmax(dim=1) == targets).sum().item()
+            total += len(targets)
+    return 100.0 * correct / total
+
+
+def assert_same_tensors(got, expected):
+    assert got.keys() == expected.keys()
+    for key in expected:
+        assert torch.equal(got[key], expected[key]), key
+
+
 def test_train_evaluate_resume(image_folder, tmp_path, caplog):
     tool = load_tool()
-    stats = tool.main(tiny_args(image_folder, tmp_path, "--epochs", "1", "--model-ema"))
-    assert stats["images"] == 6 and 0 <= stats["top1"] <= 100 and "ema" in stats
+    argv = tiny_args(image_folder, tmp_path, "--epochs", "1", "--model-ema")
+    stats = tool.main(argv)
     ckpt = torch.load(tmp_path / "last.pth", weights_only=True)  # safe to load
     assert ckpt["epoch"] == 0 and ckpt["variant"] == "srvit_t_t2" and "model_ema" in ckpt
+    # the reported accuracies are those of the saved weights, counted by hand on the val images
+    val_loader = val_loader_of(argv)
+    assert stats["images"] == 6 and stats["top1"] == pytest.approx(hand_top1(ckpt["model"], val_loader))
+    assert stats["ema"]["top1"] == pytest.approx(hand_top1(ckpt["model_ema"], val_loader))
     assert {"optimizer", "scheduler", "best_top1"} <= set(ckpt)
     caplog.set_level("INFO")
     tool.main(tiny_args(image_folder, tmp_path, "--epochs", "2", "--model-ema", "--resume", "auto"))
@@ -79,6 +115,167 @@ def test_recipe_defaults_match_table8(capsys):
     tool.main(["--model", "srvit_s_t3", "--dry-run", "--finetune-384", "x.pth"])
     r = json.loads(capsys.readouterr().out)
     assert (r["epochs"], r["batch_size"], r["lr"], r["crop_pct"], r["input_size"]) == (30, 512, 1e-5, 1.0, 384)
+
+
+@pytest.mark.parametrize("extra, batch_size, lr, effective_lr", [
+    ((), 1024, 1e-3, 1e-3),
+    (("--batch-size", "256"), 256, 1e-3, 2.5e-4),
+    (("--finetune-384", "x.pth"), 512, 1e-5, 1e-5),  # the paper's 1e-5 at batch 512
+    (("--finetune-384", "x.pth", "--batch-size", "256"), 256, 1e-5, 5e-6),
+    # explicit values that equal the 224 defaults are the user's, not replaced by the 384 recipe
+    (("--finetune-384", "x.pth", "--batch-size", "1024"), 1024, 1e-5, 2e-5),
+    (("--finetune-384", "x.pth", "--lr", "1e-3"), 512, 1e-3, 1e-3),
+    (("--finetune-384", "x.pth", "--lr-base-batch", "1024"), 512, 1e-5, 5e-6),
+])
+def test_dry_run_shows_the_effective_lr(capsys, extra, batch_size, lr, effective_lr):
+    load_tool().main(["--model", "srvit_s_t3", "--dry-run", *extra])
+    r = json.loads(capsys.readouterr().out)
+    assert (r["batch_size"], r["lr"]) == (batch_size, lr)
+    assert r["effective_lr"] == pytest.approx(effective_lr, rel=1e-12)
+
+
+def test_finetune_384_trains_at_the_effective_lr(image_folder, tmp_path):
+    torch.save({"model": tiny_model().state_dict()}, tmp_path / "224.pth")
+    args = recipe.parse(tiny_args(image_folder, tmp_path, "--finetune-384", str(tmp_path / "224.pth")))
+    run = trainer.build(args, distributed=False)
+    # no warmup when fine-tuning: the optimizer starts at the recipe's 1e-5 scaled to the batch of 4
+    assert [g["lr"] for g in run.optimizer.param_groups] == pytest.approx([1e-5 * 4 / 512] * 2, rel=1e-12)
+
+
+def test_guarded_posterize_keeps_pillow_semantics():
+    rng = np.random.default_rng(0)
+    for shape in ((9, 7, 3), (9, 7)):  # RGB, L
+        array = rng.integers(0, 256, shape, dtype=np.uint8)
+        image = Image.fromarray(array)
+        for bits in range(0, 9):  # old Pillow: keep the top `bits` bits of every value, none for 0
+            kept = np.uint8((0xFF << (8 - bits)) & 0xFF)
+            np.testing.assert_array_equal(np.asarray(augment.posterize(image, bits)), array & kept)
+        for bits in range(1, 9):
+            assert augment.posterize(image, bits).tobytes() == ImageOps.posterize(image, bits).tobytes()
+        assert not np.asarray(augment.posterize(image, -1)).any()
+        with pytest.raises(ValueError, match="bits must be between"):  # what the guard is for
+            ImageOps.posterize(image, 0)
+
+
+def test_default_randaugment_survives_thousands_of_draws(image_folder, tmp_path, monkeypatch):
+    """The training transform of tools/pretrain.py's loader, drawn 5000 times on one image: the
+    default policy asks for 0 posterize bits a few times per thousand images (magnitude >= 10)."""
+    args = recipe.parse(tiny_args(image_folder, tmp_path))
+    assert args.auto_augment == "rand-m9-mstd0.5-inc1"
+    train_set, val_set, num_classes = engine.build_datasets(args)
+    image = Image.open(os.path.join(image_folder, "train", "class0", "0.jpg")).convert("RGB")
+
+    def draw(times):
+        loader = engine.build_loaders(args, tiny_model(), train_set, val_set, num_classes, distributed=False)[0]
+        engine.seed_epoch(0, 0)
+        for _ in range(times):
+            loader.dataset.transform(image)
+
+    draw(5000)
+    assert auto_augment.NAME_TO_OP["PosterizeIncreasing"] is augment.posterize
+    monkeypatch.setitem(auto_augment.NAME_TO_OP, "PosterizeIncreasing", auto_augment.posterize)  # timm's own
+    with pytest.raises(ValueError, match="bits must be between"):
+        draw(5000)
+
+
+def test_evaluate_weighs_every_image_once(image_folder, tmp_path):
+    loader = val_loader_of(tiny_args(image_folder, tmp_path))  # batch 4: the 6 val images come as 4 + 2
+    model = tiny_model()
+    with torch.no_grad():  # a model that answers class 2 whatever the image
+        model.head.weight.zero_()
+        model.head.bias.copy_(torch.tensor([0.0, 0.0, 1.0]))
+    stats = engine.evaluate(model, loader, recipe.parse(tiny_args(image_folder, tmp_path)))
+    # 2 of the 6 images are of class 2 (a mean over the batches (0, 0, 1, 1) and (2, 2) would say 50)
+    assert stats["images"] == 6 and stats["top1"] == pytest.approx(100 * 2 / 6) and stats["top5"] == 100
+
+
+def test_classes_are_the_datasets_class_to_idx(image_folder, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(image_folder, data)
+    (data / "train" / "empty").mkdir()  # folders without images are not classes (timm's reader)
+    (data / "train" / "notes").mkdir()
+    (data / "train" / "notes" / "readme.txt").write_text("not an image")
+    run = trainer.build(recipe.parse(tiny_args(str(data), tmp_path / "out")), distributed=False)
+    assert run.num_classes == 3 and run.model.head.out_features == 3
+    shutil.rmtree(data / "val" / "class2")
+    (data / "val" / "class9").mkdir()
+    shutil.copy(data / "val" / "class0" / "0.jpg", data / "val" / "class9")
+    with pytest.raises(SystemExit, match=r"classes of .*val differ .*missing in val: \['class2'\], only in val: "
+                                         r"\['class9'\]"):
+        trainer.build(recipe.parse(tiny_args(str(data), tmp_path / "out")), distributed=False)
+
+
+class Killed(Exception):
+    """Stands for the process dying right after a checkpoint was written."""
+
+
+#: three tiny epochs of 2 iterations with the default augmentation (RandAugment, random erasing,
+#: Mixup/CutMix, drop-path), a loader worker, an lr large enough to move the weights, an EMA
+RESUME_ARGS = ("--epochs", "3", "--batch-size", "2", "--workers", "1", "--lr", "1e-3", "--lr-base-batch", "2",
+               "--warmup-epochs", "0", "--model-ema", "--model-ema-decay", "0.5")
+
+
+@pytest.fixture(scope="module")
+def interrupted(image_folder, tmp_path_factory):
+    """A run of RESUME_ARGS killed right after its first epoch's checkpoint: (argv, output)."""
+    out = tmp_path_factory.mktemp("interrupted")
+    argv = tiny_args(image_folder, out, *RESUME_ARGS)
+    save = engine.save_checkpoint
+
+    def save_and_die(path, *args, **kwargs):
+        save(path, *args, **kwargs)
+        raise Killed(path)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "save_checkpoint", save_and_die)
+        with pytest.raises(Killed):
+            load_tool().main(argv)
+    return argv, out
+
+
+def test_resume_restores_the_checkpoint_by_value(interrupted, tmp_path):
+    argv, out = interrupted
+    ckpt = torch.load(out / "last.pth", weights_only=True)
+    assert ckpt["epoch"] == 0 and ckpt["global_iter"] == 2
+    run = trainer.build(recipe.parse([*argv, "--resume", "auto"]), distributed=False)
+    assert (run.start_epoch, run.state["global_iter"], run.best_top1) == (1, 2, ckpt["best_top1"])
+    assert run.scheduler.state_dict() == ckpt["scheduler"]
+    assert_same_tensors(run.model.state_dict(), ckpt["model"])
+    assert_same_tensors(run.model_ema.module.state_dict(), ckpt["model_ema"])
+    name = "units.1.blocks.0.attn.qkv.weight"
+    assert not torch.equal(ckpt["model_ema"][name], ckpt["model"][name])  # the EMA is its own, not a copy
+    # the cosine lr after 2 of 6 iterations, not the lr a new run starts from
+    lrs = [g["lr"] for g in ckpt["optimizer"]["param_groups"]]
+    assert [g["lr"] for g in run.optimizer.param_groups] == lrs and max(lrs) < run.args.effective_lr
+    # AdamW's moments of one parameter (the optimizer's state is indexed by parameter order)
+    params = [p for g in run.optimizer.param_groups for p in g["params"]]
+    param = dict(run.model.named_parameters())[name]
+    saved = ckpt["optimizer"]["state"][next(i for i, p in enumerate(params) if p is param)]
+    for moment in ("exp_avg", "exp_avg_sq", "step"):
+        assert torch.equal(run.optimizer.state[param][moment], saved[moment]), moment
+    assert saved["exp_avg_sq"].any()
+
+    # a checkpoint without EMA: the EMA starts from the resumed weights, not from a new initialisation
+    torch.save({k: v for k, v in ckpt.items() if k != "model_ema"}, tmp_path / "no_ema.pth")
+    run = trainer.build(recipe.parse([*argv, "--resume", str(tmp_path / "no_ema.pth"), "--output", str(tmp_path)]),
+                        distributed=False)
+    assert_same_tensors(run.model_ema.module.state_dict(), ckpt["model"])
+
+
+def test_resumed_run_ends_where_an_uninterrupted_run_ends(interrupted, image_folder, tmp_path):
+    """Bitwise: both runs do the same float operations in the same order in one process on the
+    CPU, so any difference (data order, augmentation, Mixup/CutMix, drop-path) shows as one."""
+    argv, out = interrupted
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out, resumed)
+    tool = load_tool()
+    tool.main(tiny_args(image_folder, resumed, *RESUME_ARGS, "--resume", "auto"))
+    tool.main(tiny_args(image_folder, tmp_path / "straight", *RESUME_ARGS))
+    got = torch.load(resumed / "last.pth", weights_only=True)
+    expected = torch.load(tmp_path / "straight" / "last.pth", weights_only=True)
+    assert got["epoch"] == expected["epoch"] == 2 and got["global_iter"] == expected["global_iter"] == 6
+    assert_same_tensors(got["model"], expected["model"])
+    assert_same_tensors(got["model_ema"], expected["model_ema"])
 
 
 def test_bad_input_is_explained(image_folder, tmp_path):
@@ -153,7 +350,7 @@ def test_convert_checkpoint_keeps_ema_and_resizes(tmp_path):
     import argparse as ap
 
     torch.save({"model": src.state_dict(), "args": ap.Namespace(lr=1)}, tmp_path / "pickled.pth")
-    with pytest.raises(ValueError, match=r"argparse.Namespace.*refuses to unpickle safely.*--trust"):
+    with pytest.raises(SystemExit, match=r"argparse.Namespace.*refuses to unpickle safely.*--trust"):
         tool.main([str(tmp_path / "pickled.pth"), str(tmp_path / "o2.pth"), "--model", "srvit_t_t2"])
     tool.main([str(tmp_path / "pickled.pth"), str(tmp_path / "o2.pth"), "--model", "srvit_t_t2", "--trust"])
 
@@ -162,7 +359,8 @@ def test_torchrun_two_processes_with_repeated_augmentation(image_folder, tmp_pat
     import subprocess
     import sys
 
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1",  # the checkout's package, installed or not
+               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
            os.path.join(ROOT, "tools", "pretrain.py"), *tiny_args(image_folder, tmp_path, "--epochs", "1",
                                                                   "--device", "cpu")]

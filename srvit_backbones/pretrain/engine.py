@@ -5,10 +5,12 @@ factories, losses, EMA, accuracy) is timm's."""
 import logging
 import math
 import os
+import random
 import time
 from contextlib import nullcontext
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -41,12 +43,27 @@ def mixup_args(args, num_classes):
                 num_classes=num_classes)
 
 
-def build_loaders(args, model, distributed: bool):
-    """ImageFolder train/val loaders with timm's transforms (RandAugment, random erasing,
-    bicubic, eval crop ratio), sampler and, on the GPU, its prefetcher."""
+def build_datasets(args):
+    """timm's ImageFolder datasets and the class count of their ``class_to_idx``: a class is a
+    folder with images (timm's reader), so an empty or image-less folder is not one."""
     train_set = create_dataset("", root=check_image_folder(args.data, "train"), is_training=True)
     val_set = create_dataset("", root=check_image_folder(args.data, "val"), is_training=False)
-    num_classes = len(train_set.reader.class_to_idx)
+    train_classes, val_classes = train_set.reader.class_to_idx, val_set.reader.class_to_idx
+    if val_classes != train_classes:
+        missing, extra = sorted(set(train_classes) - set(val_classes)), sorted(set(val_classes) - set(train_classes))
+        raise SystemExit(f"the classes of {args.data}/val differ from those of {args.data}/train (missing in val: "
+                         f"{missing[:10]}, only in val: {extra[:10]}): labels are the index of a class folder, so "
+                         f"val/ needs the same class folders as train/, each with images")
+    return train_set, val_set, len(train_classes)
+
+
+def build_loaders(args, model, train_set, val_set, num_classes: int, distributed: bool):
+    """ImageFolder train/val loaders with timm's transforms (RandAugment, random erasing,
+    bicubic, eval crop ratio), sampler and, on the GPU, its prefetcher.
+
+    Workers are not persistent: each epoch starts new ones, seeded from torch's RNG, which
+    ``seed_epoch`` resets per epoch, so their augmentation does not depend on earlier epochs
+    (persistent workers would carry their RNG state over, and a resumed run could not)."""
     data_cfg = resolve_data_config(dict(input_size=(3, args.input_size, args.input_size),
                                         crop_pct=args.crop_pct, interpolation="bicubic"), model=model)
     world = dist.get_world_size() if distributed else 1
@@ -67,14 +84,14 @@ def build_loaders(args, model, distributed: bool):
     device = torch.device(args.device)
     common = dict(input_size=data_cfg["input_size"], mean=data_cfg["mean"], std=data_cfg["std"],
                   interpolation="bicubic", num_workers=args.workers, distributed=distributed,
-                  use_prefetcher=use_prefetcher, device=device, persistent_workers=args.workers > 0,
+                  use_prefetcher=use_prefetcher, device=device, persistent_workers=False,
                   pin_memory=use_prefetcher)
     train_loader = create_loader(train_set, batch_size=args.batch_size // world, is_training=True,
                                  auto_augment=args.auto_augment, re_prob=args.reprob, re_mode="pixel",
                                  num_aug_repeats=aug_repeats, collate_fn=collate_fn, **common)
     val_loader = create_loader(val_set, batch_size=max(1, args.batch_size // world), is_training=False,
                                crop_pct=data_cfg["crop_pct"], **common)
-    return train_loader, val_loader, mixup_fn, num_classes
+    return train_loader, val_loader, mixup_fn
 
 
 class HardDistillationLoss(nn.Module):
@@ -91,6 +108,18 @@ class HardDistillationLoss(nn.Module):
         with torch.no_grad():
             teacher_labels = self.teacher(inputs).argmax(dim=1)
         return 0.5 * self.base_criterion(logits, targets) + 0.5 * F.cross_entropy(logits_dist, teacher_labels)
+
+
+def seed_epoch(seed: int, epoch: int, rank: int = 0) -> None:
+    """Reseed torch (all devices), numpy and Python's ``random`` from (seed, epoch, rank) at the
+    start of an epoch. Everything random in an epoch draws from these: a single process's
+    sampler order (distributed samplers shuffle by ``set_epoch``), the loader workers' seeds
+    (hence RandAugment and random erasing), Mixup/CutMix (numpy) and drop-path (torch), so a
+    resumed run repeats the epochs of an uninterrupted one."""
+    s = int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
+    torch.manual_seed(s)
+    np.random.seed(s)
+    random.seed(s)
 
 
 def autocast(args):
@@ -165,13 +194,15 @@ def evaluate(model, loader, args, max_iters: Optional[int] = None):
     return {"top1": c1 / max(n, 1), "top5": c5 / max(n, 1), "images": int(n)}
 
 
-def save_checkpoint(path, model, optimizer, scheduler, loss_scaler, epoch, best_top1, args, model_ema=None):
+def save_checkpoint(path, model, optimizer, scheduler, loss_scaler, epoch, best_top1, args, model_ema=None,
+                    global_iter=0):
     """Tensors and plain containers only: loads under torch's weights_only=True."""
     ckpt = {
         "model": unwrap(model).state_dict(),
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "epoch": epoch,
+        "global_iter": global_iter,
         "best_top1": best_top1,
         "variant": args.model,
         "num_classes": unwrap(model).num_classes,

@@ -1,5 +1,8 @@
 """The DeiT recipe of the paper's Table 8 (SPEC section 3) as argument defaults."""
 import argparse
+from typing import Optional, Sequence, Set
+
+from srvit_backbones.models import variant_args
 
 #: warmup epochs by recursion depth T (Table 8); T=1 (DeiT) uses DeiT's 5
 WARMUP_EPOCHS_BY_T = {1: 5, 2: 5, 3: 10, 4: 20}
@@ -7,8 +10,9 @@ WARMUP_EPOCHS_BY_T = {1: 5, 2: 5, 3: 10, 4: 20}
 RECIPE_224 = dict(epochs=300, batch_size=1024, lr=1e-3, weight_decay=0.05, sched="cosine", min_lr=1e-5,
                   warmup_lr=1e-6, input_size=224, crop_pct=0.875, auto_augment="rand-m9-mstd0.5-inc1",
                   aug_repeats=3, reprob=0.25, mixup=0.8, cutmix=1.0, smoothing=0.1, drop_path=0.1)
-RECIPE_384 = dict(RECIPE_224, epochs=30, batch_size=512, lr=1e-5, min_lr=1e-6, warmup_epochs=0, input_size=384,
-                  crop_pct=1.0)
+#: lr 1e-5 is the paper's for batch 512, so it is stated for lr_base_batch 512 (not 224's 1024)
+RECIPE_384 = dict(RECIPE_224, epochs=30, batch_size=512, lr=1e-5, lr_base_batch=512, min_lr=1e-6, warmup_epochs=0,
+                  input_size=384, crop_pct=1.0)
 
 
 def warmup_epochs_for(num_steps: int) -> int:
@@ -30,8 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="384-resolution fine-tuning from a 224 checkpoint (30 epochs, batch 512, lr 1e-5, crop 1.0)")
     p.add_argument("--epochs", type=int, default=r["epochs"])
     p.add_argument("--batch-size", type=int, default=r["batch_size"], help="global batch (all processes)")
-    p.add_argument("--lr", type=float, default=r["lr"], help="lr for --lr-base-batch images; scaled linearly")
-    p.add_argument("--lr-base-batch", type=int, default=1024)
+    p.add_argument("--lr", type=float, default=r["lr"],
+                   help="lr for --lr-base-batch images; scaled linearly to --batch-size (--dry-run shows effective_lr)")
+    p.add_argument("--lr-base-batch", type=int, default=1024, help="512 with --finetune-384")
     p.add_argument("--sched", default=r["sched"], help="timm scheduler name")
     p.add_argument("--min-lr", type=float, default=r["min_lr"])
     p.add_argument("--warmup-lr", type=float, default=r["warmup_lr"])
@@ -70,12 +75,34 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def resolve(args: argparse.Namespace, num_steps: int, parser: argparse.ArgumentParser) -> argparse.Namespace:
-    """Fill recipe-dependent defaults: 384 fine-tuning values, warmup by T."""
+def explicit_options(argv: Optional[Sequence[str]]) -> Set[str]:
+    """The destinations that ``argv`` sets, whatever their value (an explicit ``--batch-size 1024``
+    equals the default but counts): argparse fills a default only where the namespace has none."""
+    parser, unset = build_parser(), object()
+    namespace = argparse.Namespace(**{key: unset for key in vars(parser.parse_args([]))})
+    return {key for key, value in vars(parser.parse_args(argv, namespace)).items() if value is not unset}
+
+
+def resolve(args: argparse.Namespace, num_steps: int, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Fill recipe-dependent defaults (384 fine-tuning values for the options ``argv`` does not
+    set, warmup by T) and ``effective_lr``: ``lr`` scaled linearly from ``lr_base_batch`` to
+    ``batch_size``, the peak lr that the optimizer reaches after warmup."""
     if args.finetune_384:
+        explicit = explicit_options(argv)
         for key, value in RECIPE_384.items():
-            if getattr(args, key) == parser.get_default(key):  # only what the user did not set
+            if key not in explicit:
                 setattr(args, key, value)
     if args.warmup_epochs is None:
         args.warmup_epochs = 0 if args.finetune_384 else warmup_epochs_for(num_steps)
+    args.effective_lr = args.lr * args.batch_size / args.lr_base_batch
     return args
+
+
+def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """The command line, parsed and resolved for the variant's T."""
+    args = build_parser().parse_args(argv)
+    try:
+        num_steps = variant_args(args.model)["num_steps"]
+    except ValueError as e:
+        raise SystemExit(str(e))
+    return resolve(args, num_steps, argv)
