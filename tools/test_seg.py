@@ -10,7 +10,7 @@ import os.path as osp
 from mmengine.config import DictAction
 from mmengine.runner import Runner
 
-from srvit_backbones.mmseg.tools import load_config
+from srvit_backbones.mmseg.tools import check_data, load_config
 
 
 def parse_args(argv=None):
@@ -43,6 +43,7 @@ def main(argv=None):
     if args.out is not None:
         cfg.test_evaluator["output_dir"] = args.out
         cfg.test_evaluator["keep_results"] = True
+    check_data(cfg, ("test_dataloader",))
     Runner.from_cfg(cfg).test()
 
 

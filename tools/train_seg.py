@@ -11,7 +11,7 @@ import argparse
 from mmengine.config import DictAction
 from mmengine.runner import Runner
 
-from srvit_backbones.mmseg.tools import check_amp, load_config
+from srvit_backbones.mmseg.tools import check_amp, check_data, load_config
 
 
 def parse_args(argv=None):
@@ -28,7 +28,8 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def main(argv=None):
+def build_runner(argv=None) -> Runner:
+    """The Runner ``main`` trains: the config with the command line applied, its data checked."""
     args = parse_args(argv)
     cfg = load_config(args)
     if args.amp:
@@ -37,7 +38,12 @@ def main(argv=None):
             cfg.optim_wrapper.type = "AmpOptimWrapper"
             cfg.optim_wrapper.loss_scale = "dynamic"
     cfg.resume = args.resume
-    Runner.from_cfg(cfg).train()
+    check_data(cfg, ("train_dataloader", "val_dataloader"))
+    return Runner.from_cfg(cfg)
+
+
+def main(argv=None):
+    build_runner(argv).train()
 
 
 if __name__ == "__main__":

@@ -15,13 +15,12 @@ from mmengine.logging import MMLogger
 from mmengine.optim import DefaultOptimWrapperConstructor
 from mmseg.registry import OPTIM_WRAPPER_CONSTRUCTORS
 
-NO_DECAY_NAMES = ("pos_embed", "cls_token", "dist_token")
-
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
 class SRViTLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
     """``paramwise_cfg``: ``layer_decay_rate`` (1.0 = none) and ``no_decay_norm_bias``
-    (default True: biases, norms and embeddings/tokens get no weight decay)."""
+    (default True: biases, norms and the core's ``no_weight_decay()`` embeddings/tokens get
+    no weight decay)."""
 
     def add_params(self, params: List[dict], module: nn.Module, **kwargs) -> None:
         decay_rate = float(self.paramwise_cfg.get("layer_decay_rate", 1.0))
@@ -30,12 +29,12 @@ class SRViTLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
         if backbone is None or not hasattr(backbone, "get_layer_depth"):
             raise TypeError("SRViTLayerDecayOptimizerConstructor needs model.backbone with get_layer_depth() "
                             f"(an SRViT backbone); got {type(backbone).__name__}")
+        no_decay_names = {"backbone." + name for name in backbone.no_weight_decay()}
         groups = {}
         for name, param in module.named_parameters():
             if not param.requires_grad:
                 continue
-            no_decay = no_decay_1d and (param.ndim == 1 or name.endswith(".bias") or
-                                        name.split(".")[-1] in NO_DECAY_NAMES)
+            no_decay = no_decay_1d and (param.ndim == 1 or name.endswith(".bias") or name in no_decay_names)
             # parameters outside the backbone (neck, heads) get the last id: factor 1
             layer_id, num_ids = backbone.get_layer_depth(name, prefix="backbone.")
             scale = decay_rate ** (num_ids - 1 - layer_id)
