@@ -40,6 +40,8 @@ setup(
         "mmseg": ["mmengine>=0.10,<0.11", "mmcv>=2.0.0rc4,<2.2.0", "mmsegmentation==1.2.2", "mmdet==3.3.0",
                   "ftfy", "regex"],
         "dev": ["pytest", "pytest-timeout", "fvcore", "scikit-image", "matplotlib"],
+        # tools/export_onnx.py: torch.onnx's dynamo exporter (onnxscript) and its check (onnxruntime)
+        "deploy": ["onnx", "onnxscript", "onnxruntime"],
     },
     entry_points={"console_scripts": ["srvit-collect-env=srvit_backbones.collect_env:main"]},
 )

@@ -451,9 +451,12 @@ def test_timm_forward_intermediates_and_features_only():
 
     backbone = timm.create_model("srvit_s_t2", img_size=64, features_only=True)
     assert backbone.feature_info.channels() == [384] * 4 and backbone.feature_info.reduction() == [16] * 4
-    backbone.load_state_dict(model.state_dict(), strict=False)
+    result = backbone.model.load_state_dict(model.state_dict(), strict=False)
+    assert not result.missing_keys and set(result.unexpected_keys) == {  # the pruned last block, the norm
+        k for k in model.state_dict() if k.startswith(("units.5.", "norm."))}
     outs = backbone(x)
-    assert len(outs) == 4
+    for out, ref in zip(outs, inter):
+        torch.testing.assert_close(out, ref)
     deit = timm.create_model("srvit_deit_s", img_size=64, features_only=True)
     assert deit.feature_info.module_name() == ["units.2", "units.5", "units.8", "units.11"]
 

@@ -1,14 +1,18 @@
 """The SoftMoR unit (paper Algorithm 1): K shared blocks applied for T recursion steps,
-mixed token-wise by a soft router computed on the unit's input."""
+mixed token-wise by a soft router computed on the unit's input.
+
+Traceable as timm's ViT is: FX (the router's autocast guard is a leaf function), TorchScript
+(global attention; no module is passed to a function there) and torch.export.
+"""
 from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import drop_path
+from timm.layers import drop_path, register_notrace_function
 from torch.utils.checkpoint import checkpoint
 
-from .window import attend
+from .window import RelPosAttention, attend
 
 AGGREGATIONS = ("soft", "hard", "last")
 
@@ -26,6 +30,17 @@ def apply_block(block: nn.Module, x: torch.Tensor, drop_prob: float, training: b
     x = x + drop_path(block.ls1(attend(block.attn, block.norm1(x), hw, window_size)), drop_prob, training)
     x = x + drop_path(block.ls2(block.mlp(block.norm2(x))), drop_prob, training)
     return x
+
+
+@torch.fx.wrap
+@register_notrace_function
+def router_softmax(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """softmax(x W^T + b) over the last dimension in float32, also under autocast. A leaf for
+    FX: ``torch.autocast`` needs the device type as a string, which a traced tensor does not give."""
+    if torch.jit.is_scripting():  # TorchScript has no autocast region to leave
+        return F.linear(x.float(), weight.float(), bias.float()).softmax(dim=-1)
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        return F.linear(x.float(), weight.float(), bias.float()).softmax(dim=-1)
 
 
 class SoftMoRUnit(nn.Module):
@@ -108,11 +123,25 @@ class SoftMoRUnit(nn.Module):
     def effective_depth(self) -> int:
         return self.num_blocks * self.num_steps
 
+    def __prepare_scriptable__(self):
+        """``torch.jit.script``'s hook: scripted blocks attend globally (TorchScript cannot pass
+        a block to ``apply_block``), so a unit with windows or relative positions is refused."""
+        if any(self.window_sizes) or any(isinstance(b.attn, RelPosAttention) for b in self.blocks):
+            raise RuntimeError("TorchScript supports SR-ViT with global attention only (window_size=0, "
+                               "use_rel_pos=False); trace a windowed model with torch.fx, or torch.export at a "
+                               "fixed input size")
+        return self
+
     def _run_blocks(self, z: torch.Tensor, step: int, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
         for k, block in enumerate(self.blocks):
             app = step * self.num_blocks + k
             rate, window = self.drop_path_rates[app], self.window_sizes[app]
-            if self.grad_checkpointing and torch.is_grad_enabled():
+            if torch.jit.is_scripting():
+                # apply_block for a global application, written out: TorchScript cannot take a
+                # module as a function argument (``__prepare_scriptable__`` refuses windows)
+                z = z + drop_path(block.ls1(block.attn(block.norm1(z))), rate, self.training)
+                z = z + drop_path(block.ls2(block.mlp(block.norm2(z))), rate, self.training)
+            elif self.grad_checkpointing and torch.is_grad_enabled():
                 # Non-reentrant: each *application* is checkpointed, which stays correct when
                 # the same parameters are used several times per forward (and under DDP).
                 z = checkpoint(apply_block, block, z, rate, self.training, hw, window, use_reentrant=False)
@@ -120,50 +149,57 @@ class SoftMoRUnit(nn.Module):
                 z = apply_block(block, z, rate, self.training, hw, window)
         return z
 
+    def _step_input(self, h: torch.Tensor, step: int) -> torch.Tensor:
+        """The input of ``step``: the previous step's output, through its step transform if any.
+        A loop rather than ``self.step_transforms[step - 1]``: TorchScript indexes a ModuleList
+        by literals only."""
+        if self.step_transforms is not None:
+            for i, transform in enumerate(self.step_transforms):
+                if i == step - 1:
+                    h = h + transform(h)
+        return h
+
     def router_weights(self, x: torch.Tensor) -> torch.Tensor:
         """Mixture weights (B, N, T), softmax over steps, in float32 even under autocast."""
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            logits = F.linear(x.float(), self.router.weight.float(), self.router.bias.float())
-            return logits.softmax(dim=-1)
+        return router_softmax(x, self.router.weight, self.router.bias)
 
     def forward(self, x: torch.Tensor, return_weights: bool = False, hw: Optional[Tuple[int, int]] = None):
         """x: (B, N, D) -> (B, N, D); with ``return_weights`` also the (B, N, T) mixture
         weights actually applied (one-hot for ``hard``, None for ``last`` or T=1). ``hw``: the
-        patch grid of the N tokens, needed by windowed applications and relative positions."""
+        patch grid of the N tokens, needed by windowed applications and relative positions.
+        TorchScript returns the tokens only (one return type), as timm's distilled ViT does."""
         if self.router is None:
             h = x
             for t in range(self.num_steps):
-                if t > 0 and self.step_transforms is not None:
-                    h = h + self.step_transforms[t - 1](h)
-                h = self._run_blocks(h, t, hw)
-            return (h, None) if return_weights else h
+                h = self._run_blocks(self._step_input(h, t), t, hw)
+            if return_weights and not torch.jit.is_scripting():
+                return h, None
+            return h
 
         alpha = self.router_weights(x)
+        applied = alpha
         if self.aggregation == "hard":
             # Straight-through: the forward value is exactly the argmax step's output (weight
             # sel / sel.detach() == 1) and the router gets the chosen weight's gradient. Only
             # the chosen weight is divided, and it is >= 1/T, so a saturated router whose other
             # weights underflow to 0 stays finite (0 * 0 / 0 would be NaN).
             index = alpha.argmax(dim=-1, keepdim=True)
-            one_hot = torch.zeros_like(alpha).scatter_(-1, index, 1.0)
+            applied = torch.zeros_like(alpha).scatter_(-1, index, 1.0)
             chosen = alpha.gather(-1, index)
-            weights = one_hot * (chosen / chosen.detach())
+            weights = applied * (chosen / chosen.detach())
         else:
             weights = alpha
         weights = weights.to(x.dtype)
 
-        h = x
-        y = None
-        for t in range(self.num_steps):
-            if t > 0 and self.step_transforms is not None:
-                h = h + self.step_transforms[t - 1](h)
-            h = self._run_blocks(h, t, hw)
-            # accumulate the mixture in place, one fused op per step: no per-step product and
-            # no stack of the T outputs (autograd keeps only h, needed anyway, and w_t)
-            w_t = weights[..., t : t + 1]
-            y = w_t * h if y is None else y.addcmul_(w_t, h)
-        if return_weights:
-            return y, (one_hot if self.aggregation == "hard" else alpha)
+        # accumulate the mixture in place, one fused op per step: no per-step product and no
+        # stack of the T outputs (autograd keeps only h, needed anyway, and the step's weights)
+        h = self._run_blocks(x, 0, hw)
+        y = weights[..., 0:1] * h
+        for t in range(1, self.num_steps):
+            h = self._run_blocks(self._step_input(h, t), t, hw)
+            y = y.addcmul_(weights[..., t : t + 1], h)
+        if return_weights and not torch.jit.is_scripting():
+            return y, applied
         return y
 
     def extra_repr(self) -> str:

@@ -4,6 +4,11 @@ Layout (coarse-to-fine, the paper's): an ordinary first block, recursive units o
 decreasing size (R4-R3-R2-R1 for S/B), an ordinary last block. Every block sits in a unit
 (the ordinary ones in units of one block with T=1), so ``model.units[i]`` is the i-th
 stage and feature indices count units: for SR-ViT-S the recursive units are 1..4.
+
+Traceable as timm's ViT is: FX (``torchvision``/timm feature extraction), TorchScript and
+``torch.export`` with dynamic height and width. The input check and the position-table
+resize decide on the input's size in Python, so they are leaf functions for FX
+(``torch.fx.wrap``, timm's notrace registry) and the resize is unconditional under export.
 """
 import math
 from functools import partial
@@ -11,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-from timm.layers import PatchEmbed, resample_abs_pos_embed, trunc_normal_
+from timm.layers import PatchEmbed, is_exporting, register_notrace_function, resample_abs_pos_embed, trunc_normal_
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import named_apply
 from timm.models.vision_transformer import Block, get_init_weights_vit
@@ -92,14 +97,49 @@ def default_global_attn_indexes(layout: Sequence[int], num_steps: int) -> Tuple[
     return tuple(sorted({starts[u] for u in default_out_indices(layout)} | {last}))
 
 
-def resize_pos_embed(grid_tokens: torch.Tensor, old_grid: Sequence[int], new_grid: Sequence[int],
+def resize_pos_embed(grid_tokens: torch.Tensor, old_grid: List[int], new_grid: List[int],
                      mode: str = "bicubic") -> torch.Tensor:
     """Resize a (1, h*w, D) position table without prefix tokens; the one resize used at run
-    time (dense inputs) and at load time (checkpoints of another resolution)."""
-    if tuple(old_grid) == tuple(new_grid):
+    time (dense inputs) and at load time (checkpoints of another resolution). Under
+    ``torch.export`` it always resamples (an identity at the same size), so that the exported
+    graph does not keep the example input's size."""
+    if not is_exporting() and old_grid[0] == new_grid[0] and old_grid[1] == new_grid[1]:
         return grid_tokens
-    return resample_abs_pos_embed(grid_tokens, new_size=list(new_grid), old_size=list(old_grid),
-                                  num_prefix_tokens=0, interpolation=mode, antialias=False)
+    return resample_abs_pos_embed(grid_tokens, new_size=[new_grid[0], new_grid[1]],
+                                  old_size=[old_grid[0], old_grid[1]], num_prefix_tokens=0,
+                                  interpolation=mode, antialias=False)
+
+
+@torch.fx.wrap
+@register_notrace_function
+def check_image_batch(x: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """``x`` unchanged if it is a (B, C, H, W) batch with H and W multiples of the patch size,
+    else a ValueError that says how to pad. A leaf for FX (its tests are Python control flow on
+    the input's size) that stays in the traced graph (it returns the input), so FX, TorchScript
+    and eager give the same message."""
+    if x.dim() != 4:
+        raise ValueError(f"expected an image batch (B, C, H, W), got shape {list(x.shape)}")
+    h, w = x.shape[-2], x.shape[-1]
+    if h % patch_size != 0 or w % patch_size != 0:
+        raise ValueError(
+            f"input size {h}x{w} is not a multiple of the patch size {patch_size}: pad the image to a "
+            f"multiple of {patch_size} (detectron2: square_pad or size_divisibility; mmseg: the data "
+            f"preprocessor's size / size_divisor)")
+    return x
+
+
+@torch.fx.wrap
+@register_notrace_function
+def pos_embed_for_grid(pos_embed: torch.Tensor, num_prefix_tokens: int, old_grid: Tuple[int, int],
+                       new_grid: Tuple[int, int], mode: str) -> torch.Tensor:
+    """The (1, prefix + h*w, D) position table for a (h, w) patch grid: the table itself at its
+    own grid, else its grid part resized (``resize_pos_embed``). A leaf for FX: whether to
+    resize is decided on the input's size."""
+    if not is_exporting() and old_grid[0] == new_grid[0] and old_grid[1] == new_grid[1]:
+        return pos_embed
+    n = num_prefix_tokens
+    grid_tokens = resize_pos_embed(pos_embed[:, n:], [old_grid[0], old_grid[1]], [new_grid[0], new_grid[1]], mode)
+    return torch.cat([pos_embed[:, :n], grid_tokens], dim=1)
 
 
 class SRViT(nn.Module):
@@ -133,6 +173,8 @@ class SRViT(nn.Module):
     patch tokens, ``forward_features`` returns the normed patch tokens and the classifier
     averages them (``global_pool='avg'``; 'token' and ``distilled`` are refused).
     """
+
+    __jit_unused_properties__ = ["pretrain_grid", "unit_sizes"]  # Python-side helpers, not for TorchScript
 
     def __init__(
         self,
@@ -335,24 +377,12 @@ class SRViT(nn.Module):
     def pretrain_grid(self) -> Tuple[int, int]:
         return tuple(self.patch_embed.grid_size)
 
-    def _check_input(self, x: torch.Tensor):
-        if x.ndim != 4:
-            raise ValueError(f"expected an image batch (B, C, H, W), got shape {tuple(x.shape)}")
-        h, w = x.shape[-2:]
-        p = self.patch_size
-        if h % p or w % p:
-            raise ValueError(
-                f"input size {h}x{w} is not a multiple of the patch size {p}: pad the image to a "
-                f"multiple of {p} (detectron2: square_pad or size_divisibility; mmseg: the data "
-                f"preprocessor's size / size_divisor)")
-
     def _pos_embed(self, x: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
-        pos_embed = self.pos_embed
-        if tuple(grid) != self.pretrain_grid:
-            n = self.num_prefix_tokens
-            pos_embed = torch.cat([pos_embed[:, :n], resize_pos_embed(pos_embed[:, n:], self.pretrain_grid, grid,
-                                                                      self.pos_embed_interp)], dim=1)
-        prefix = [] if self.cls_token is None else [self.cls_token.expand(x.shape[0], -1, -1)]
+        pos_embed = pos_embed_for_grid(self.pos_embed, self.num_prefix_tokens, self.patch_embed.grid_size, grid,
+                                       self.pos_embed_interp)
+        prefix: List[torch.Tensor] = []
+        if self.cls_token is not None:
+            prefix.append(self.cls_token.expand(x.shape[0], -1, -1))
         if self.dist_token is not None:
             prefix.append(self.dist_token.expand(x.shape[0], -1, -1))
         x = torch.cat(prefix + [x], dim=1) + pos_embed
@@ -361,7 +391,7 @@ class SRViT(nn.Module):
     def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
         """Images (B, C, H, W) -> tokens (B, prefix + H/16 * W/16, D) and the patch grid
         (no prefix tokens with windowed attention or relative positions)."""
-        self._check_input(x)
+        x = check_image_batch(x, self.patch_size)
         grid = (x.shape[-2] // self.patch_size, x.shape[-1] // self.patch_size)
         x = self.patch_embed(x)
         return self._pos_embed(x, grid), grid
@@ -382,7 +412,7 @@ class SRViT(nn.Module):
         x_cls = self.head_drop(x[:, 0])
         if pre_logits:
             return x_cls
-        if not self.distilled:
+        if self.head_dist is None:  # not distilled (a None test: TorchScript drops the branch)
             return self.head(x_cls)
         x_dist = self.head_drop(x[:, 1])
         logits, logits_dist = self.head(x_cls), self.head_dist(x_dist)

@@ -12,8 +12,11 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import Attention
+from timm.layers import Attention, register_notrace_function
 from timm.models.vision_transformer_sam import get_decomposed_rel_pos_bias, window_partition, window_unpartition
+
+# a leaf for FX, here where RelPosAttention calls it: it sizes the tables from the grid in Python
+torch.fx.wrap("get_decomposed_rel_pos_bias")
 
 #: the names of the relative-position tables of a ``RelPosAttention`` (one (h, w) pair per extent)
 REL_POS_SUFFIXES = ("rel_pos_h", "rel_pos_w")
@@ -95,6 +98,17 @@ def from_windows(windows: torch.Tensor, hw: Tuple[int, int], pad_hw: Tuple[int, 
     return x.view(x.shape[0], hw[0] * hw[1], x.shape[-1])
 
 
+@torch.fx.wrap
+@register_notrace_function
+def check_patch_tokens(x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+    """``x`` unchanged if its tokens form the (h, w) patch grid, else a clear error. A leaf for
+    FX (the test is Python control flow on the input's size), kept in the graph by returning ``x``."""
+    if x.shape[1] != hw[0] * hw[1]:
+        raise ValueError(f"{x.shape[1]} tokens do not form the {hw[0]}x{hw[1]} patch grid: windowed attention and "
+                         f"relative positions take patch tokens only (no class token)")
+    return x
+
+
 def attend(attn: nn.Module, x: torch.Tensor, hw: Optional[Tuple[int, int]] = None,
            window_size: int = 0) -> torch.Tensor:
     """One application of a block's attention to (B, N, D) tokens: global, or in windows of
@@ -106,9 +120,7 @@ def attend(attn: nn.Module, x: torch.Tensor, hw: Optional[Tuple[int, int]] = Non
     if hw is None:
         raise ValueError("windowed attention and relative positions need the patch grid: call the unit as "
                          "unit(x, hw=(h, w)) (SRViT passes it)")
-    if x.shape[1] != hw[0] * hw[1]:
-        raise ValueError(f"{x.shape[1]} tokens do not form the {hw[0]}x{hw[1]} patch grid: windowed attention and "
-                         f"relative positions take patch tokens only (no class token)")
+    x = check_patch_tokens(x, hw)
     if not window_size:
         return attn(x, hw, windowed=False)
     windows, pad_hw = to_windows(x, hw, window_size)

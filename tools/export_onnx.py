@@ -1,0 +1,18 @@
+#!/usr/bin/env python
+"""Export the dense SR-ViT backbone to ONNX (dynamic batch, height and width) and check it
+with ONNX Runtime against PyTorch at two input sizes; the logic is ``srvit_backbones.export``.
+
+    python tools/export_onnx.py --model srvit_s_t3 --checkpoint output/pretrain/best.pth --output srvit_s_t3.onnx
+    python tools/export_onnx.py --model srvit_s_t3 --checkpoint output/model_final.pth --output det_backbone.onnx
+    python tools/export_onnx.py --model srvit_s_t3 --checkpoint work_dirs/upernet_srvit_s/iter_160000.pth \
+        --output seg_backbone.onnx --check-sizes 512x512 384x640
+    python tools/export_onnx.py --model srvit_t_t2 --random-weights --output random.onnx --set num_steps=3
+
+Needs ``pip install -e .[deploy]`` (onnx, onnxscript, onnxruntime). Exits with an error if
+ONNX Runtime's outputs differ from PyTorch's beyond ``--atol`` + ``--rtol`` * the output's
+largest magnitude.
+"""
+from srvit_backbones.export import main
+
+if __name__ == "__main__":
+    main()
