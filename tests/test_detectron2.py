@@ -2,6 +2,7 @@
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,12 +13,15 @@ from detectron2.config import LazyConfig, get_cfg, instantiate
 from detectron2.modeling import build_model
 from detectron2.structures import BitMasks, Instances
 from detectron2.utils.events import EventStorage
+from omegaconf import OmegaConf
 
 import srvit_backbones
 from srvit_backbones import CheckpointError, create_srvit, load_pretrained
 from srvit_backbones.detectron2 import (SRViTBackbone, SRViTCheckpointer, add_srvit_config, srvit_optimizer_params,
                                         validate_config)
 from srvit_backbones.layer_decay import lr_decay_factor
+from srvit_backbones.models.srvit import resize_pos_embed
+from srvit_backbones.models.window import is_rel_pos
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "detectron2_configs")
@@ -495,3 +499,147 @@ def test_train_net_bad_input_is_explained(tmp_path, override, error, match):
     args = train_net.parse_args(["--config", QUICKSTART, f"train.output_dir={tmp_path}", override])
     with pytest.raises(error, match=match):
         train_net.main(args)
+
+
+# ----------------------------------------------------------------------------- ViTDet window attention (_win)
+WIN = {"mask_rcnn_deit_s_win.py": "mask_rcnn_deit_s.py", **{f"mask_rcnn_srvit_{v}_win.py": f"mask_rcnn_srvit_{v}.py"
+                                                            for v in ("s_t2", "s_t3", "s_t4", "b_t2", "b_t3")}}
+
+
+def test_win_configs_are_the_global_ones_with_vitdet_attention():
+    """Each _win config is its global config (recipe, variant, checkpoint) with ViTDet's 14x14
+    windows and relative positions, and nothing else changed."""
+    assert {os.path.basename(p) for p in glob.glob(os.path.join(CONFIGS, "*_win.py"))} == set(WIN)
+    for win_name, global_name in WIN.items():
+        win, ref = load(win_name), load(global_name)
+        net = win.model.backbone.net
+        assert (net.window_size, net.use_rel_pos, net.global_attn_indexes) == (14, True, None), win_name
+        for key in ("window_size", "use_rel_pos", "global_attn_indexes"):
+            del net[key]
+        assert OmegaConf.to_container(win) == OmegaConf.to_container(ref), win_name
+
+
+@pytest.mark.parametrize("name,global_applications", [
+    ("mask_rcnn_srvit_s_t3_win.py", (1, 13, 22, 28, 31)),
+    ("mask_rcnn_deit_s_win.py", (2, 5, 8, 11)),  # ViTDet's global blocks
+])
+def test_win_detector_is_windowed_and_loads_a_class_token_checkpoint(tmp_path, caplog, name, global_applications):
+    """The full-size backbone: 14x14 windows in every application but the global ones, table
+    pairs of 2*14-1 (windows) and 2*64-1 rows (the 64x64 grid at 1024), no class token; an
+    ImageNet checkpoint with a class token (tools/pretrain.py's, or timm's DeiT-S state dict
+    for the baseline) loads through SRViTCheckpointer: every tensor by value, the class token
+    and its position entry dropped, the new tables zero."""
+    cfg = load(name)
+    model = instantiate(cfg.model)
+    net = model.backbone.net.srvit
+    windows = [w for unit in net.units for w in unit.window_sizes]
+    assert len(windows) == net.effective_depth
+    assert tuple(i for i, w in enumerate(windows) if w == 0) == global_applications
+    assert set(windows) == {0, 14}
+    assert net.cls_token is None and net.pos_embed.shape == (1, 64 * 64, net.embed_dim)
+    tables = {n: p for n, p in net.named_parameters() if is_rel_pos(n)}
+    head_dim = net.units[0].blocks[0].attn.head_dim
+    for unit in net.units:
+        for j, block in enumerate(unit.blocks):
+            own = unit.window_sizes[j::len(unit.blocks)]
+            assert hasattr(block.attn, "window_rel_pos_h") == any(own)
+            assert hasattr(block.attn, "global_rel_pos_h") == (0 in own)
+    assert {p.shape for n, p in tables.items() if ".window_" in n} == {(27, head_dim)}
+    assert {p.shape for n, p in tables.items() if ".global_" in n} == {(127, head_dim)}
+
+    if name.startswith("mask_rcnn_deit"):  # the baseline's checkpoint: timm's DeiT-S state dict
+        import timm
+
+        source = timm.create_model("deit_small_patch16_224").state_dict()
+        ckpt, expected = source, {re.sub(r"^blocks\.(\d+)\.", r"units.\1.blocks.0.", k): v for k, v in source.items()}
+    else:  # tools/pretrain.py's
+        expected = create_srvit(cfg.model.backbone.net.variant).state_dict()
+        ckpt = {"model": expected, "epoch": 299}
+    path = str(tmp_path / "imagenet.pth")
+    torch.save(ckpt, path)
+    with caplog.at_level("INFO"):
+        SRViTCheckpointer(model).load(path)
+    loaded = net.state_dict()
+    assert "cls_token" in expected and "cls_token" not in loaded
+    for k, v in loaded.items():
+        if is_rel_pos(k):
+            assert v.abs().sum() == 0, k
+        elif k == "pos_embed":
+            grid = expected[k][:, 1:]  # the class token's entry dropped, the 14x14 grid resized
+            torch.testing.assert_close(v, resize_pos_embed(grid, (14, 14), (64, 64)))
+        else:
+            assert torch.equal(v, expected[k]), k
+    dropped = next(line for line in caplog.text.splitlines() if "dropped (classifier that does not fit)" in line)
+    assert "cls_token" in dropped
+    assert f"new relative-position tables, left at zero: {len(tables)} tensors" in caplog.text
+
+
+def test_win_optimizer_takes_no_weight_decay_from_the_core_and_decays_tables_with_their_block():
+    """The relative-position tables get weight_decay=0 because the core's no_weight_decay()
+    names them (detectron2 matches overrides by a parameter's own name); nothing else is
+    caught by those names; a table's lr factor is its block's."""
+    cfg = tiny(os.path.join(CONFIGS, "mask_rcnn_srvit_s_t3_win.py"), "model.backbone.net.window_size=2")
+    model = instantiate(cfg.model)
+    net = model.backbone.net.srvit
+    cfg.optimizer.params.model = model
+    group_of = {id(p): g for g in instantiate(cfg.optimizer).param_groups for p in g["params"]}
+    no_decay = {PREFIX + n for n in net.no_weight_decay()}
+    assert sum(is_rel_pos(n) for n in no_decay) == 2 * (11 + 5)  # window tables of 11 blocks, global of 5
+    norms = {f"{m}.{n}" for m, module in model.named_modules() if isinstance(module, torch.nn.LayerNorm)
+             for n, _ in module.named_parameters(recurse=False)}
+    params = dict(model.named_parameters())
+    for name, p in params.items():
+        wd = group_of[id(p)]["weight_decay"]
+        assert wd == (0.0 if name in no_decay | norms else cfg.optimizer.weight_decay), name
+        if is_rel_pos(name):
+            qkv = params[name.split(".attn.")[0] + ".attn.qkv.weight"]
+            assert group_of[id(p)]["lr"] == group_of[id(qkv)]["lr"] < 1e-4, name
+
+
+def _yacs_detector_cfg(size, *opts):
+    cfg = get_cfg()
+    add_srvit_config(cfg)
+    cfg.MODEL.DEVICE = "cpu"
+    cfg.MODEL.BACKBONE.NAME = "build_srvit_sfp_backbone"
+    cfg.MODEL.MASK_ON = True
+    cfg.MODEL.RPN.IN_FEATURES = ["p2", "p3", "p4", "p5", "p6"]
+    cfg.MODEL.ROI_HEADS.IN_FEATURES = ["p2", "p3", "p4", "p5"]
+    cfg.MODEL.ANCHOR_GENERATOR.SIZES = [[32], [64], [128], [256], [512]]
+    cfg.MODEL.ROI_HEADS.NAME = "StandardROIHeads"
+    cfg.MODEL.ROI_BOX_HEAD.NAME = "FastRCNNConvFCHead"
+    cfg.MODEL.ROI_BOX_HEAD.NUM_FC = 2
+    cfg.MODEL.ROI_MASK_HEAD.NAME = "MaskRCNNConvUpsampleHead"
+    cfg.merge_from_list(["MODEL.SRVIT.VARIANT", "srvit_t_t2", "MODEL.SRVIT.IMG_SIZE", str(size),
+                         "MODEL.SRVIT.SFP.SQUARE_PAD", str(size), *opts])
+    return cfg
+
+
+def test_yacs_keys_build_a_windowed_backbone_and_load_its_checkpoint(tmp_path):
+    """WINDOW_SIZE / USE_REL_POS / GLOBAL_ATTN_INDEXES as the LazyConfig keys, given as on a
+    command line; PREFER_EMA / ALLOW_PARTIAL read by SRViTCheckpointer."""
+    win = ["MODEL.SRVIT.WINDOW_SIZE", "2", "MODEL.SRVIT.USE_REL_POS", "True", "MODEL.SRVIT.GLOBAL_ATTN_INDEXES",
+           "[0, 5]"]
+    model = build_model(_yacs_detector_cfg(64, *win)).eval()
+    net = model.backbone.net.srvit
+    assert [u.window_sizes for u in net.units] == [[0], [2, 2, 2, 2, 0, 2], [2, 2, 2, 2], [2, 2], [2]]
+    assert net.cls_token is None and any(is_rel_pos(n) for n, _ in net.named_parameters())
+    with torch.no_grad():
+        assert "instances" in model([{"image": torch.randint(0, 255, (3, 48, 64), dtype=torch.uint8)}])[0]
+    assert not build_model(_yacs_detector_cfg(64)).backbone.net.srvit.units[1].window_sizes[0]  # default: global
+
+    weights, ema = (create_srvit("srvit_t_t2", img_size=64) for _ in range(2))  # class-token pretraining
+    path = str(tmp_path / "pre.pth")
+    torch.save({"model": weights.state_dict(), "model_ema": ema.state_dict()}, path)
+    model = build_model(_yacs_detector_cfg(64, *win, "MODEL.SRVIT.PREFER_EMA", "True"))
+    SRViTCheckpointer(model).load(path)
+    loaded = model.backbone.net.srvit.state_dict()
+    assert torch.equal(loaded["units.1.blocks.2.mlp.fc1.weight"], ema.state_dict()["units.1.blocks.2.mlp.fc1.weight"])
+    assert torch.equal(loaded["pos_embed"], ema.pos_embed[:, 1:])
+
+    partial = str(tmp_path / "partial.pth")
+    torch.save({k: v for k, v in weights.state_dict().items() if not k.startswith("units.2.")}, partial)
+    with pytest.raises(CheckpointError, match="units.2"):
+        SRViTCheckpointer(build_model(_yacs_detector_cfg(64, *win))).load(partial)
+    model = build_model(_yacs_detector_cfg(64, *win, "MODEL.SRVIT.ALLOW_PARTIAL", "True"))
+    SRViTCheckpointer(model).load(partial)
+    assert torch.equal(model.backbone.net.srvit.units[1].router.weight, weights.units[1].router.weight)

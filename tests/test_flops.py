@@ -1,11 +1,14 @@
-"""tools/count_flops.py reproduces the paper's Table 2 at 224x224."""
+"""tools/count_flops.py reproduces the paper's Table 2 at 224x224 and Table 4 (whole detectors
+at 1024x1024, whole segmentors at 512x512)."""
 import importlib.util
+import json
 import os
 from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 import torch
 
+from srvit_backbones import create_srvit
 from srvit_backbones.flops import count_flops, sdpa_flop_jit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,3 +67,56 @@ def test_sdpa_is_counted_like_explicit_attention():
     assert FlopCountAnalysis(Fused(), (q, k, v)).unsupported_ops_warnings(False).total() == 0
     assert FlopCountAnalysis(Fused(), (q, k, v)).set_op_handle(
         "aten::scaled_dot_product_attention", sdpa_flop_jit).total() == expected
+
+
+# paper Table 4, whole models: config -> (variant, params (M), GFLOPs)
+TABLE4 = {
+    "detection": {
+        "mask_rcnn_deit_s": ("srvit_deit_s", 45.9, 378.5), "mask_rcnn_srvit_s_t2": ("srvit_s_t2", 46.5, 453.6),
+        "mask_rcnn_srvit_s_t3": ("srvit_s_t3", 47.1, 528.8), "mask_rcnn_srvit_s_t4": ("srvit_s_t4", 47.7, 603.9),
+        "mask_rcnn_srvit_b_t2": ("srvit_b_t2", 64.7, 583.9), "mask_rcnn_srvit_b_t3": ("srvit_b_t3", 65.8, 717.4),
+    },
+    "segmentation": {
+        "upernet_deit_s": ("srvit_deit_s", 36.9, 232.2), "upernet_srvit_s_t2": ("srvit_s_t2", 37.5, 285.9),
+        "upernet_srvit_s": ("srvit_s_t3", 38.1, 339.6), "upernet_srvit_s_t4": ("srvit_s_t4", 38.7, 393.2),
+        "upernet_srvit_b_t2": ("srvit_b_t2", 60.2, 408.4), "upernet_srvit_b_t3": ("srvit_b_t3", 61.2, 496.6),
+    },
+}
+
+
+def block_cost(tokens, dim):
+    """(parameters, fvcore multiply-adds) of one pre-norm ViT block with global attention:
+    qkv, proj and the 4x MLP (weights and biases), two affine LayerNorms (5 per element),
+    q @ k^T and attn @ v."""
+    params = 12 * dim * dim + 13 * dim
+    flops = tokens * 12 * dim * dim + 2 * tokens * tokens * dim + 2 * 5 * tokens * dim
+    return params, flops
+
+
+@pytest.mark.parametrize("task", list(TABLE4))
+def test_count_flops_reproduces_table4(task, capsys):
+    """One pass per shipped config. Every row within 1% of the paper's GFLOPs and 0.1M of its
+    parameters; the other columns against what they are said to be, computed by hand: the
+    detectors' attention (global, 64x64 grid + class token) is what the paper's count leaves out; the
+    segmentors' unused last block (32x32 grid + class token) is what it adds."""
+    table = TABLE4[task]
+    rows = load_tool().main(["--task", task, "--configs", *(f"{name}.py" for name in table), "--json"])
+    assert json.loads(capsys.readouterr().out) == rows
+    assert [r["model"] for r in rows] == list(table)
+    for r in rows:
+        variant, params, gflops = table[r["model"]]
+        assert abs(r["params_m"] - params) <= 0.1, r
+        assert abs(r["gflops"] - gflops) / gflops < 0.01, r
+        core = create_srvit(variant, img_size=32, num_classes=0)
+        dim, depth = core.embed_dim, core.effective_depth
+        if task == "detection":
+            assert r["input"] == "1024x1024" and r["params_m_run"] == r["params_m"] and r["gflops_run"] == r["gflops"]
+            tokens = 64 * 64 + 1  # the 64x64 grid and the class token a global backbone carries
+            attention = depth * 2 * tokens ** 2 * dim
+            assert (r["gflops_full"] - r["gflops"]) * 1e9 == pytest.approx(attention, rel=1e-9), r
+        else:
+            assert r["input"] == "512x512" and r["gflops_run"] == 2 * r["gflops_full"]
+            pruned = variant != "srvit_deit_s"  # DeiT-S returns its last block (layer 12)
+            block_params, block_flops = block_cost(1 + 32 * 32, dim) if pruned else (0, 0)
+            assert (r["params_m"] - r["params_m_run"]) * 1e6 == pytest.approx(block_params, abs=0.5), r
+            assert (r["gflops"] - r["gflops_run"]) * 1e9 == pytest.approx(2 * block_flops, rel=1e-9), r

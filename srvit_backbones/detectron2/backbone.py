@@ -92,12 +92,14 @@ def srvit_optimizer_params(model, lr_decay: float = 0.7, overrides=None, **kwarg
     Used as ``optimizer.params = L(srvit_optimizer_params)(base_lr="${..lr}", ...)``;
     ``params.model`` is set by the training script (as in detectron2's own configs).
     ``overrides`` (by parameter name, as detectron2's) take precedence over the
-    ``weight_decay=0`` given to the core's ``no_weight_decay()`` names (direct parameters
-    of the core, so detectron2's leaf-name matching finds them).
+    ``weight_decay=0`` given to the core's ``no_weight_decay()`` parameters. detectron2
+    matches overrides by a parameter's own name within its module, so those are given by
+    their last name component: ``pos_embed`` (of the core), ``window_rel_pos_h`` (of every
+    attention), ...; no other module of a detector has parameters of these names.
     """
     name, backbone = find_srvit_backbone(model)
     prefix = f"{name}.srvit." if name else "srvit."
     factor = partial(lr_decay_factor, decay=lr_decay, unit_sizes=backbone.layer_decay_unit_sizes, prefix=prefix)
-    no_decay = {n: {"weight_decay": 0.0} for n in backbone.srvit.no_weight_decay()}
+    no_decay = {n.rsplit(".", 1)[-1]: {"weight_decay": 0.0} for n in backbone.srvit.no_weight_decay()}
     return get_default_optimizer_params(model, lr_factor_func=factor, overrides={**no_decay, **(overrides or {})},
                                         **kwargs)

@@ -7,12 +7,24 @@ from .backbone import SRViTBackbone
 
 
 def add_srvit_config(cfg):
-    """Add ``MODEL.SRVIT`` (the backbone) and ``MODEL.SRVIT.SFP`` (ViTDet's pyramid)."""
+    """Add ``MODEL.SRVIT`` (the backbone) and ``MODEL.SRVIT.SFP`` (ViTDet's pyramid).
+
+    The keys are ``SRViTBackbone``'s arguments. ViTDet's attention (the LazyConfig ``*_win``
+    configs): ``WINDOW_SIZE: 14``, ``USE_REL_POS: True``; ``GLOBAL_ATTN_INDEXES`` (block
+    applications that stay global) None is the core's default rule. ``PREFER_EMA`` and
+    ``ALLOW_PARTIAL`` are read when ``SRViTCheckpointer`` loads a pretraining checkpoint
+    (``MODEL.WEIGHTS``; detectron2's own ``DetectionCheckpointer`` does not read those).
+    """
     cfg.MODEL.SRVIT = CN()
     cfg.MODEL.SRVIT.VARIANT = "srvit_s_t3"
     cfg.MODEL.SRVIT.IMG_SIZE = 1024
     cfg.MODEL.SRVIT.DROP_PATH_RATE = 0.1
     cfg.MODEL.SRVIT.USE_ACT_CHECKPOINT = False
+    cfg.MODEL.SRVIT.WINDOW_SIZE = 0
+    cfg.MODEL.SRVIT.USE_REL_POS = False
+    cfg.MODEL.SRVIT.GLOBAL_ATTN_INDEXES = None
+    cfg.MODEL.SRVIT.PREFER_EMA = False
+    cfg.MODEL.SRVIT.ALLOW_PARTIAL = False
     cfg.MODEL.SRVIT.SFP = CN()
     cfg.MODEL.SRVIT.SFP.OUT_CHANNELS = 256
     cfg.MODEL.SRVIT.SFP.SCALE_FACTORS = [4.0, 2.0, 1.0, 0.5]
@@ -26,7 +38,9 @@ def build_srvit_sfp_backbone(cfg, input_shape):
     """SR-ViT + Simple Feature Pyramid (p2-p6), as ViTDet builds it."""
     c = cfg.MODEL.SRVIT
     net = SRViTBackbone(variant=c.VARIANT, img_size=c.IMG_SIZE, drop_path_rate=c.DROP_PATH_RATE,
-                        use_act_checkpoint=c.USE_ACT_CHECKPOINT, in_chans=input_shape.channels)
+                        use_act_checkpoint=c.USE_ACT_CHECKPOINT, prefer_ema=c.PREFER_EMA,
+                        allow_partial=c.ALLOW_PARTIAL, in_chans=input_shape.channels, window_size=c.WINDOW_SIZE,
+                        use_rel_pos=c.USE_REL_POS, global_attn_indexes=c.GLOBAL_ATTN_INDEXES)
     return SimpleFeaturePyramid(net=net, in_feature="last_feat", out_channels=c.SFP.OUT_CHANNELS,
                                 scale_factors=tuple(c.SFP.SCALE_FACTORS), top_block=LastLevelMaxPool(),
                                 norm=c.SFP.NORM, square_pad=c.SFP.SQUARE_PAD)
