@@ -12,7 +12,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -92,7 +92,7 @@ class LoadReport:
                             [k for k in self.missing if is_rel_pos(k)]),
                            ("shape mismatch, skipped", self.mismatched),
                            ("not in this model, ignored", self.unexpected),
-                           ("dropped (classifier that does not fit)", self.dropped),
+                           ("dropped (a classifier that does not fit, unused ViT blocks)", self.dropped),
                            ("outside the backbone, ignored", self.outside)):
             if keys:
                 lines.append(f"  {name}: {len(keys)} tensors: " + ", ".join(group_keys(keys)))
@@ -173,21 +173,48 @@ def _unit_block_names(model: nn.Module) -> List[str]:
     return [f"units.{u}.blocks.{k}" for u, unit in enumerate(model.units) for k in range(len(unit.blocks))]
 
 
-def map_vit_block_keys(sd: Dict[str, torch.Tensor], model: nn.Module, report: LoadReport) -> Dict[str, torch.Tensor]:
-    """timm ViT/DeiT ``blocks.{i}.*`` -> ``units.{u}.blocks.{k}.*`` (unique blocks in order)."""
+def default_vit_blocks(num_ckpt_blocks: int, num_model_blocks: int) -> List[int]:
+    """Which blocks of a plain ViT checkpoint seed the model's unique blocks, in order: the
+    first ones (SR-ViT's unique blocks are DeiT's layers in order), except for a single shared
+    block (bViT), which takes the middle block ``n // 2`` (block 6 of 12): it will be applied
+    at every depth, and a ViT's middle layers work on the representation that the early and
+    late ones share, while block 0 is specialised to raw patch embeddings and the last block
+    to the classifier."""
+    if num_model_blocks == 1 and num_ckpt_blocks > 1:
+        return [num_ckpt_blocks // 2]
+    return list(range(min(num_ckpt_blocks, num_model_blocks)))
+
+
+def map_vit_block_keys(sd: Dict[str, torch.Tensor], model: nn.Module, report: LoadReport,
+                       vit_blocks: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
+    """timm ViT/DeiT ``blocks.{i}.*`` -> ``units.{u}.blocks.{k}.*``: the checkpoint blocks
+    ``vit_blocks`` (default ``default_vit_blocks``) seed the unique blocks in order; the
+    checkpoint's other blocks are dropped and reported."""
     pattern = re.compile(r"^blocks\.(\d+)\.(.*)$")
     if not any(pattern.match(k) for k in sd):
         return sd
     names = _unit_block_names(model)
     n_ckpt = 1 + max(int(pattern.match(k).group(1)) for k in sd if pattern.match(k))
+    chosen = default_vit_blocks(n_ckpt, len(names)) if vit_blocks is None else list(vit_blocks)
+    bad = [b for b in chosen if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < n_ckpt]
+    if bad or len(chosen) > len(names):
+        raise CheckpointError(f"vit_blocks={list(chosen)}: the checkpoint has blocks 0..{n_ckpt - 1} and the model "
+                              f"{len(names)} unique blocks; give at most {len(names)} block numbers in that range")
+    target = {b: names[j] for j, b in enumerate(chosen)}
     out = {}
     for k, v in sd.items():
         m = pattern.match(k)
-        if m and int(m.group(1)) < len(names):
-            out[f"{names[int(m.group(1))]}.{m.group(2)}"] = v
-        else:
+        if m is None:
             out[k] = v
-    report.notes.append(f"mapped a plain ViT checkpoint ({n_ckpt} blocks) onto {len(names)} unique blocks")
+        elif int(m.group(1)) in target:
+            out[f"{target[int(m.group(1))]}.{m.group(2)}"] = v
+        else:
+            report.dropped.append(k)
+    seeds = ", ".join(f"blocks.{b} -> {target[b]}" for b in chosen) if len(chosen) <= 2 else \
+        f"blocks {chosen} -> the unique blocks in order"
+    unused = sorted(set(range(n_ckpt)) - set(chosen))
+    report.notes.append(f"mapped a plain ViT checkpoint ({n_ckpt} blocks) onto {len(names)} unique blocks: {seeds}"
+                        + (f"; blocks {unused} unused" if unused else ""))
     return out
 
 
@@ -227,12 +254,12 @@ def adapt_pos_embed(pos_embed: torch.Tensor, model: nn.Module, report: Optional[
     return torch.cat([prefix, grid_tokens], dim=1)
 
 
-def convert_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module,
-                       report: Optional[LoadReport] = None) -> Dict[str, torch.Tensor]:
+def convert_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, report: Optional[LoadReport] = None,
+                       vit_blocks: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
     """Map keys, resize the position embedding and relative-position tables, and drop the
     tokens and classifier the model does not have, in a backbone state dict for ``model``."""
     report = report if report is not None else LoadReport()
-    sd = map_vit_block_keys(dict(sd), model, report)
+    sd = map_vit_block_keys(dict(sd), model, report, vit_blocks)
     if "pos_embed" in sd:
         sd["pos_embed"] = adapt_pos_embed(sd["pos_embed"], model, report)
     for token in ("cls_token", "dist_token"):  # tokens a windowed / undistilled model does not carry
@@ -299,21 +326,23 @@ def _partial_error(report: LoadReport, source: str) -> CheckpointError:
 
 def load_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Any]], prefer_ema: bool = False,
                     allow_partial: bool = False, prefix: Optional[str] = None, allow_shape_mismatch: bool = False,
-                    log: Optional[logging.Logger] = None) -> LoadReport:
+                    log: Optional[logging.Logger] = None, vit_blocks: Optional[Sequence[int]] = None) -> LoadReport:
     """Load a checkpoint (path or dict) into an ``SRViT``; returns and logs a ``LoadReport``.
 
     Every backbone tensor must come from the checkpoint: a missing one (other than a new
     classifier) raises ``CheckpointError`` with a grouped list, unless ``allow_partial``.
     Tensors of another shape (another width or T) raise, unless ``allow_shape_mismatch``.
     Checkpoint keys the model does not have (units a pruned backbone dropped, a final norm)
-    and keys outside the backbone are reported, not loaded.
+    and keys outside the backbone are reported, not loaded. ``vit_blocks``: which blocks of a
+    plain ViT checkpoint seed the unique blocks (default ``default_vit_blocks``: the first
+    ones; bViT's shared block takes the middle one).
     """
     log = log or logger
     source = checkpoint if isinstance(checkpoint, str) else "the checkpoint"
     obj = read_checkpoint(checkpoint) if isinstance(checkpoint, str) else checkpoint
     report = LoadReport()
     sd = select_backbone(extract_state_dict(obj, prefer_ema), prefix, report)
-    sd = convert_state_dict(sd, model, report)
+    sd = convert_state_dict(sd, model, report, vit_blocks)
     model_sd = model.state_dict()
     mismatched = [k for k, v in sd.items() if k in model_sd and model_sd[k].shape != v.shape]
     if mismatched and not allow_shape_mismatch:

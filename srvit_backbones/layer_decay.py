@@ -9,6 +9,12 @@ unit's last block; the patch and position embeddings and the class/distillation 
 take 0; everything else (final norm, necks, heads) takes ``num_layers + 1``. A parameter at
 layer ``i`` gets the factor ``decay ** (num_layers + 1 - i)``, as in ViTDet / BEiT.
 
+bViT (one shared block, unit sizes ``[1]``) is the degenerate case of the same rule, kept
+on purpose: embeddings at id 0 (factor ``decay ** 2``), the shared block at id 1 (``decay``),
+heads and necks at 2 (1.0). A block that serves every depth cannot take one depth's factor,
+so it gets the single "block" id; the embeddings, which only the first step reads, are the
+deepest-decayed, as in a ViT.
+
 Both the Detectron2 (``lr_factor_func``) and MMSegmentation (optimizer constructor) paths
 call ``layer_id`` / ``lr_decay_factor``; names are given relative to the core ``SRViT``
 after removing ``prefix`` (e.g. ``backbone.net.srvit.``).

@@ -258,11 +258,12 @@ def test_every_variant_builds_and_runs(name):
     model = timm.create_model(name, num_classes=7, img_size=64)
     spec = VARIANTS[name]
     assert model.num_steps == spec["num_steps"] and model.layout == spec["layout"]
-    assert model.effective_depth == 2 + spec["num_steps"] * sum(spec["layout"])
+    ordinary = 2 if spec.get("ordinary_blocks", True) else 0
+    assert model.effective_depth == ordinary + spec["num_steps"] * sum(spec["layout"])
     x = torch.randn(2, 3, 64, 48)
     assert model(x).shape == (2, 7)
     feats = model.forward_feature_maps(x)
-    expected = {f"unit{i}" for i in model.recursive_unit_indices} | {"last_feat"}
+    expected = {model.feature_name(i) for i in model.default_feature_indices} | {"last_feat"}
     assert set(feats) == expected
     for f in feats.values():
         assert f.shape == (2, spec["embed_dim"], 4, 3)

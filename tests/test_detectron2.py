@@ -569,7 +569,7 @@ def test_win_detector_is_windowed_and_loads_a_class_token_checkpoint(tmp_path, c
             torch.testing.assert_close(v, resize_pos_embed(grid, (14, 14), (64, 64)))
         else:
             assert torch.equal(v, expected[k]), k
-    dropped = next(line for line in caplog.text.splitlines() if "dropped (classifier that does not fit)" in line)
+    dropped = next(line for line in caplog.text.splitlines() if "dropped (a classifier that does not fit" in line)
     assert "cls_token" in dropped
     assert f"new relative-position tables, left at zero: {len(tables)} tensors" in caplog.text
 

@@ -78,7 +78,8 @@ def test_every_config_trains_one_step(path):
     model.init_weights()
     model.train()
     backbone = model.backbone
-    assert len(backbone.srvit.units) == max(backbone.out_indices) + 1  # holds only what it returns
+    # holds only what it returns (the units up to the last, or bViT's steps up to the last)
+    assert len(backbone.srvit.feature_points) == max(backbone.out_indices) + 1
 
     data = model.data_preprocessor(batch(seed=0), training=True)
     loss, _ = model.parse_losses(model(**data, mode="loss"))
@@ -93,8 +94,8 @@ def test_every_config_trains_one_step(path):
     assert sorted(grouped) == sorted(id(p) for p in trainable.values())  # each parameter exactly once
     before = {name: p.detach().clone() for name, p in trainable.items()}
     wrapper.step()
-    assert not torch.equal(before["backbone.srvit.units.1.blocks.0.attn.qkv.weight"],
-                           trainable["backbone.srvit.units.1.blocks.0.attn.qkv.weight"])
+    recursive = f"backbone.srvit.units.{backbone.srvit.recursive_unit_indices[0]}.blocks.0.attn.qkv.weight"
+    assert not torch.equal(before[recursive], trainable[recursive])
 
 
 def _train_steps(ddp, cfg, batches):

@@ -177,7 +177,7 @@ def test_features_only_and_intermediates(name):
             check_dense(maps, backbone, size, 1)
             reference = model.forward_feature_maps(x, indices=out_indices)
             for i, m in zip(out_indices, maps):
-                torch.testing.assert_close(m, reference[f"unit{i}"], rtol=0, atol=0)
+                torch.testing.assert_close(m, reference[model.feature_name(i)], rtol=0, atol=0)
             final, inter = model.forward_intermediates(x)
             check_dense(inter, timm.models.FeatureInfo(model.feature_info, len(model.feature_info)), size, 1)
             torch.testing.assert_close(final, model.forward_features(x), rtol=0, atol=0)

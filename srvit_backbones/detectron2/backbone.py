@@ -1,8 +1,8 @@
 """SR-ViT as a detectron2 ``Backbone``: a thin wrapper around the core model.
 
 Like ViTDet's ``ViT`` it knows nothing about the detector: it outputs stride-16 maps
-(``last_feat`` and ``unit{i}`` for the recursive units) and is wrapped by detectron2's own
-``SimpleFeaturePyramid`` in the configs.
+(``last_feat``, and ``unit{i}`` for the units or ``step{i}`` for bViT's recursion steps) and
+is wrapped by detectron2's own ``SimpleFeaturePyramid`` in the configs.
 """
 from functools import partial
 from typing import Sequence
@@ -17,12 +17,13 @@ from ..models import create_srvit
 
 class SRViTBackbone(Backbone):
     """Args:
-        variant: a named SR-ViT variant (``srvit_s_t3``, ``srvit_deit_s``, ...).
+        variant: a named variant (``srvit_s_t3``, ``srvit_deit_s``, ``bvit_b``, ...).
         img_size: size of the position-embedding table (1024 for LSJ: a full 64x64 grid).
-        out_features: among ``last_feat`` and ``unit{i}`` (i over ``model.units``). Without
-            ``last_feat`` the core is cut after the last requested unit: later units are
-            neither held nor run (DDP with ``find_unused_parameters=False`` rejects
-            parameters that get no gradient).
+        out_features: among ``last_feat`` and the core's features (``unit{i}`` over
+            ``model.units``; ``step{i}`` over the recursion steps of bViT). Without
+            ``last_feat`` the core is cut after the last requested feature: later units (and
+            steps) are neither held nor run (DDP with ``find_unused_parameters=False``
+            rejects parameters that get no gradient).
         drop_path_rate: stochastic depth over the effective depth.
         use_act_checkpoint: checkpoint every block application (non-reentrant, DDP-safe).
         prefer_ema: load the EMA weights of a pretraining checkpoint (``train.init_checkpoint``)
@@ -30,7 +31,8 @@ class SRViTBackbone(Backbone):
         allow_partial: let a pretraining checkpoint that lacks some backbone weights load
             (they keep their initialisation and are listed in the log) instead of raising
             ``CheckpointError``. Both are read by ``SRViTCheckpointer``.
-        **overrides: any other core argument (``num_steps``, ``layout``, ``aggregation``...).
+        **overrides: any other core argument (``num_steps``, ``layout``, ``aggregation``,
+            ``window_size``, ``token_merge_ratio``...).
     """
 
     def __init__(self, variant: str = "srvit_s_t3", img_size: int = 1024,
@@ -41,18 +43,19 @@ class SRViTBackbone(Backbone):
         self.srvit = create_srvit(variant, img_size=img_size, num_classes=0, global_pool="",
                                   drop_path_rate=drop_path_rate, **overrides)
         self.srvit.set_grad_checkpointing(use_act_checkpoint)
-        units = len(self.srvit.units)
-        known = ["last_feat"] + [f"unit{i}" for i in range(units)]
-        unknown = [f for f in out_features if f not in known]
+        core = self.srvit
+        features = {core.feature_name(i): i for i in range(len(core.feature_points))}
+        unknown = [f for f in out_features if f != "last_feat" and f not in features]
         if not out_features or unknown:
-            raise ValueError(f"out_features {list(out_features)}: unknown {unknown}; choose from {known} "
-                             f"(recursive units: {[f'unit{i}' for i in self.srvit.recursive_unit_indices]})")
+            raise ValueError(f"out_features {list(out_features)}: unknown {unknown}; choose from "
+                             f"{['last_feat'] + list(features)} (dense-prediction default: "
+                             f"{[core.feature_name(i) for i in core.default_feature_indices]})")
         self._out_features = list(out_features)
-        self._unit_indices = [int(f[4:]) for f in out_features if f.startswith("unit")]
+        self._feature_indices = [features[f] for f in out_features if f != "last_feat"]
         # Layer-decay ids count the whole network as built, before any cut, so a parameter
         # gets the same factor whichever features are returned (and as in MMSegmentation).
         self.layer_decay_unit_sizes = list(self.srvit.unit_sizes)
-        last = units - 1 if "last_feat" in out_features else max(self._unit_indices)
+        last = len(core.feature_points) - 1 if "last_feat" in out_features else max(self._feature_indices)
         # ViTDet's ViT has no final norm (the SFP normalises): drop it with the unused units.
         self.srvit.prune_intermediate_layers([last], prune_norm=True)
         stride = self.srvit.patch_size
@@ -66,7 +69,7 @@ class SRViTBackbone(Backbone):
         return self.srvit.patch_size
 
     def forward(self, x):
-        feats = self.srvit.forward_feature_maps(x, indices=self._unit_indices)
+        feats = self.srvit.forward_feature_maps(x, indices=self._feature_indices)
         return {f: feats[f] for f in self._out_features}
 
     def output_shape(self):

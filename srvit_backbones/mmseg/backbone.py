@@ -7,7 +7,7 @@ from mmseg.registry import MODELS
 
 from ..checkpoint import load_pretrained
 from ..layer_decay import layer_depth
-from ..models import create_srvit, default_out_indices
+from ..models import create_srvit
 
 
 def core_prefix(prefix: Optional[str]) -> Optional[str]:
@@ -23,12 +23,13 @@ def core_prefix(prefix: Optional[str]) -> Optional[str]:
 @MODELS.register_module(name="SRViT")
 class SRViTBackbone(BaseModule):
     """Args (as mmseg's ``VisionTransformer`` where they overlap):
-        variant: a named SR-ViT variant (``srvit_s_t3``, ``srvit_deit_s``, ...).
+        variant: a named variant (``srvit_s_t3``, ``srvit_deit_s``, ``bvit_b``, ...).
         img_size: size of the position-embedding table (the crop size, 512 on ADE20K).
-        out_indices: units whose outputs are returned (NCHW, stride 16). Default: the
-            recursive units (R4, R3, R2, R1), or layers 3/6/9/12 for DeiT; SR-ViT-T's three
-            recursive units are followed by its last block to make the four maps UPerNet takes.
-            The core is cut after the last of them: later units are neither held nor run.
+        out_indices: features returned (NCHW, stride 16): units, or bViT's recursion steps.
+            Default: the recursive units (R4, R3, R2, R1), layers 3/6/9/12 for DeiT, steps
+            T/4, T/2, 3T/4, T for bViT; SR-ViT-T's three recursive units are followed by its
+            last block to make the four maps UPerNet takes. The core is cut after the last of
+            them: later units (and steps) are neither held nor run.
         drop_path_rate: stochastic depth over the effective depth.
         with_cp: checkpoint every block application (non-reentrant).
         interpolate_mode: how the position embedding is resized at run time.
@@ -41,7 +42,7 @@ class SRViTBackbone(BaseModule):
             ``prefix`` is mmengine's: where this backbone sits in a whole-model checkpoint
             (``'backbone.'``); without it the backbone is found by its patch embedding.
         **overrides: any other core argument (``num_steps``, ``layout``, ``aggregation``,
-            ``zero_init_recursion``...).
+            ``zero_init_recursion``, ``window_size``, ``token_merge_ratio``...).
     """
 
     def __init__(self, variant: str = "srvit_s_t3", img_size: int = 512,
@@ -55,9 +56,9 @@ class SRViTBackbone(BaseModule):
                                   drop_path_rate=drop_path_rate, pos_embed_interp=interpolate_mode, **overrides)
         self.srvit.set_grad_checkpointing(with_cp)
         if out_indices is None:
-            out_indices = list(default_out_indices(self.srvit.layout))
+            out_indices = list(self.srvit.default_feature_indices)
             if len(out_indices) < 4:  # SR-ViT-T has three recursive units: add the last block
-                out_indices.append(len(self.srvit.units) - 1)
+                out_indices.append(len(self.srvit.feature_points) - 1)
         self.out_indices = self.srvit._check_indices(list(out_indices))
         # Layer-decay ids count the whole pretrained network, so a parameter gets the same
         # factor as in Detectron2 whichever units are returned here.
@@ -79,7 +80,7 @@ class SRViTBackbone(BaseModule):
 
     def forward(self, x):
         feats = self.srvit.forward_feature_maps(x, indices=self.out_indices)
-        return tuple(feats[f"unit{i}"] for i in self.out_indices)
+        return tuple(feats[self.srvit.feature_name(i)] for i in self.out_indices)
 
     def no_weight_decay(self):
         """The core's no-weight-decay parameter names, relative to this module."""

@@ -1,4 +1,4 @@
-"""Named SR-ViT variants (paper Table 2) and their timm registration.
+"""Named SR-ViT variants (paper Table 2), bViT, and their timm registration.
 
 After ``import srvit_backbones``, ``timm.create_model('srvit_s_t3', ...)`` works. No
 weights are hosted: load a local file with
@@ -22,6 +22,10 @@ SIZES: Dict[str, Dict[str, Any]] = {
     "deit_s": dict(embed_dim=384, num_heads=6, layout=(1,) * 10, num_middle_blocks=10, num_steps=1),
     "deit_b": dict(embed_dim=768, num_heads=12, layout=(1,) * 10, num_middle_blocks=10, num_steps=1),
 }
+# bViT: one shared block applied 12 times, the last step's output (naive recursion: no router,
+# no step transforms), no ordinary first/last blocks; features at steps 3/6/9/12 like DeiT's layers
+BVIT = dict(layout=(1,), num_middle_blocks=1, num_steps=12, aggregation="last", step_transforms=False,
+            ordinary_blocks=False, step_features=True)
 VARIANTS: Dict[str, Dict[str, Any]] = {
     "srvit_t_t2": dict(SIZES["t"], num_steps=2),
     "srvit_t_t3": dict(SIZES["t"], num_steps=3),
@@ -32,6 +36,8 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
     "srvit_b_t3": dict(SIZES["b"], num_steps=3),
     "srvit_deit_s": dict(SIZES["deit_s"]),
     "srvit_deit_b": dict(SIZES["deit_b"]),
+    "bvit_s": dict(BVIT, embed_dim=384, num_heads=6),
+    "bvit_b": dict(BVIT, embed_dim=768, num_heads=12),
 }
 
 
@@ -69,7 +75,9 @@ def create_srvit(variant: str, pretrained: bool = False, **kwargs) -> SRViT:
         pretrained_filter_fn=partial(checkpoint_filter_fn, allow_partial=not strict),
         pretrained_strict=strict,
         pretrained_cfg_overlay=overlay or None,
-        feature_cfg=dict(out_indices=default_out_indices(layout), feature_cls="getter"),
+        feature_cfg=dict(out_indices=default_out_indices(layout, args["num_steps"], args.get("ordinary_blocks", True),
+                                                         args.get("step_features", False)),
+                         feature_cls="getter"),
         **args,
     )
 
@@ -79,7 +87,7 @@ def _register(name: str):
         return create_srvit(name, pretrained=pretrained, **kwargs)
     fn.__name__ = name
     fn.__qualname__ = name
-    fn.__doc__ = f"SR-ViT variant ``{name}``: {VARIANTS[name]}"
+    fn.__doc__ = f"{'bViT' if name.startswith('bvit') else 'SR-ViT'} variant ``{name}``: {VARIANTS[name]}"
     return register_model(fn)
 
 

@@ -4,7 +4,7 @@ mixed token-wise by a soft router computed on the unit's input.
 Traceable as timm's ViT is: FX (the router's autocast guard is a leaf function), TorchScript
 (global attention; no module is passed to a function there) and torch.export.
 """
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -12,22 +12,24 @@ import torch.nn.functional as F
 from timm.layers import drop_path, register_notrace_function
 from torch.utils.checkpoint import checkpoint
 
+from .merge import BipartiteMerge
 from .window import RelPosAttention, attend
 
 AGGREGATIONS = ("soft", "hard", "last")
 
 
 def apply_block(block: nn.Module, x: torch.Tensor, drop_prob: float, training: bool,
-                hw: Optional[Tuple[int, int]] = None, window_size: int = 0) -> torch.Tensor:
+                hw: Optional[Tuple[int, int]] = None, window_size: int = 0,
+                attn_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One application of a timm ViT ``Block`` with its own stochastic-depth rate and window.
 
     A shared block runs at several depths, so its drop-path rate and whether its attention is
     windowed belong to the application, not to the module (the block itself is built with
     drop_path=0). ``window_size`` > 0 attends within windows of the (h, w) patch grid ``hw``
-    (see ``window.attend``). With ``drop_prob=0`` and global attention this is exactly
-    ``block(x)``.
+    (see ``window.attend``); ``attn_bias`` is added to global attention's logits (token
+    merging). With ``drop_prob=0`` and global attention this is exactly ``block(x)``.
     """
-    x = x + drop_path(block.ls1(attend(block.attn, block.norm1(x), hw, window_size)), drop_prob, training)
+    x = x + drop_path(block.ls1(attend(block.attn, block.norm1(x), hw, window_size, attn_bias)), drop_prob, training)
     x = x + drop_path(block.ls2(block.mlp(block.norm2(x))), drop_prob, training)
     return x
 
@@ -60,6 +62,11 @@ class SoftMoRUnit(nn.Module):
             like ``drop_path_rates``); 0 = global attention (the default for all). Windowed
             applications, and blocks with relative positions, need the unit called with the
             patch grid, ``unit(x, hw=(h, w))``, on patch tokens only.
+        token_merge_ratio: merge this fraction of the patch tokens at the unit's entry, run
+            all T steps and the router on the reduced set, unmerge at the exit (see
+            ``merge.BipartiteMerge``); 0 (default) = off. Needs the unit called with ``hw``
+            (the prefix tokens are those before the grid) and global attention without
+            relative positions.
     """
 
     def __init__(
@@ -71,6 +78,7 @@ class SoftMoRUnit(nn.Module):
         drop_path_rates: Optional[Sequence[float]] = None,
         zero_init: bool = True,
         window_sizes: Optional[Sequence[int]] = None,
+        token_merge_ratio: float = 0.0,
     ):
         super().__init__()
         if num_steps < 1:
@@ -92,6 +100,8 @@ class SoftMoRUnit(nn.Module):
             raise ValueError(f"window_sizes needs {n_apps} integers >= 0 (K*T, 0 = global attention), got {windows}")
         self.window_sizes = windows
         self.grad_checkpointing = False
+        self.token_merge_ratio = 0.0
+        self.set_token_merge_ratio(token_merge_ratio)
 
         dim = self._dim()
         uses_router = num_steps > 1 and aggregation != "last"
@@ -115,6 +125,50 @@ class SoftMoRUnit(nn.Module):
                 nn.init.trunc_normal_(layer.weight, std=0.02)
             nn.init.zeros_(layer.bias)
 
+    def set_token_merge_ratio(self, ratio: float):
+        """Merge ``ratio`` of the patch tokens at the unit's entry (0 = off); an inference
+        option that needs no retraining (MergeOver)."""
+        ratio = float(ratio)
+        if not 0.0 <= ratio <= 0.5:
+            raise ValueError(f"token_merge_ratio must be in [0, 0.5] (bipartite matching merges at most half the "
+                             f"patch tokens; 0 = off), got {ratio}")
+        if ratio and (any(self.window_sizes) or any(isinstance(b.attn, RelPosAttention) for b in self.blocks)):
+            raise ValueError("token merging needs global attention without relative positions: merged tokens no "
+                             "longer form the patch grid that windows and relative offsets are defined on; use "
+                             "window_size=0 and use_rel_pos=False, or token_merge_ratio=0")
+        self.token_merge_ratio = ratio
+
+    def truncate_steps(self, num_steps: int):
+        """Keep only the first ``num_steps`` steps of a unit whose output is its last step
+        (no router), e.g. when a backbone's last feature is an earlier step."""
+        if self.router is not None:
+            raise ValueError("a unit with a router mixes all its T steps: its steps cannot be truncated")
+        if not 1 <= num_steps <= self.num_steps:
+            raise ValueError(f"num_steps must be in 1..{self.num_steps}, got {num_steps}")
+        k = self.num_blocks
+        self.num_steps = num_steps
+        self.drop_path_rates = self.drop_path_rates[:k * num_steps]
+        self.window_sizes = self.window_sizes[:k * num_steps]
+        if self.step_transforms is not None:
+            self.step_transforms = self.step_transforms[:num_steps - 1] if num_steps > 1 else None
+
+    def set_num_steps(self, num_steps: int, drop_path_rates: Sequence[float], window_sizes: Sequence[int]):
+        """Run another recursion depth on the same weights; only a unit whose parameters do not
+        depend on T (no router, no step transforms) can."""
+        if self.router is not None:
+            raise ValueError(f"this unit's router was trained to mix exactly T={self.num_steps} steps (its weight has "
+                             f"one row per step), so T cannot change on the same weights; only 'last' aggregation "
+                             f"without step transforms (e.g. bViT) runs at any depth")
+        if self.step_transforms is not None:
+            raise ValueError(f"this unit has one trained step transform per step (T-1={self.num_steps - 1}), so T "
+                             f"cannot change on the same weights; build the model with step_transforms=False")
+        n_apps = self.num_blocks * num_steps
+        if len(drop_path_rates) != n_apps or len(window_sizes) != n_apps:
+            raise ValueError(f"drop_path_rates and window_sizes need {n_apps} values (K*T)")
+        self.num_steps = num_steps
+        self.drop_path_rates = [float(r) for r in drop_path_rates]
+        self.window_sizes = list(window_sizes)
+
     @property
     def num_blocks(self) -> int:
         return len(self.blocks)
@@ -130,9 +184,13 @@ class SoftMoRUnit(nn.Module):
             raise RuntimeError("TorchScript supports SR-ViT with global attention only (window_size=0, "
                                "use_rel_pos=False); trace a windowed model with torch.fx, or torch.export at a "
                                "fixed input size")
+        if self.token_merge_ratio:
+            raise RuntimeError("TorchScript does not support token merging: script the model with "
+                               "token_merge_ratio=0 (set_token_merge_ratio(0)), or trace it with torch.fx")
         return self
 
-    def _run_blocks(self, z: torch.Tensor, step: int, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
+    def _run_blocks(self, z: torch.Tensor, step: int, hw: Optional[Tuple[int, int]],
+                    attn_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         for k, block in enumerate(self.blocks):
             app = step * self.num_blocks + k
             rate, window = self.drop_path_rates[app], self.window_sizes[app]
@@ -144,9 +202,10 @@ class SoftMoRUnit(nn.Module):
             elif self.grad_checkpointing and torch.is_grad_enabled():
                 # Non-reentrant: each *application* is checkpointed, which stays correct when
                 # the same parameters are used several times per forward (and under DDP).
-                z = checkpoint(apply_block, block, z, rate, self.training, hw, window, use_reentrant=False)
+                z = checkpoint(apply_block, block, z, rate, self.training, hw, window, attn_bias,
+                               use_reentrant=False)
             else:
-                z = apply_block(block, z, rate, self.training, hw, window)
+                z = apply_block(block, z, rate, self.training, hw, window, attn_bias)
         return z
 
     def _step_input(self, h: torch.Tensor, step: int) -> torch.Tensor:
@@ -166,15 +225,41 @@ class SoftMoRUnit(nn.Module):
     def forward(self, x: torch.Tensor, return_weights: bool = False, hw: Optional[Tuple[int, int]] = None):
         """x: (B, N, D) -> (B, N, D); with ``return_weights`` also the (B, N, T) mixture
         weights actually applied (one-hot for ``hard``, None for ``last`` or T=1). ``hw``: the
-        patch grid of the N tokens, needed by windowed applications and relative positions.
-        TorchScript returns the tokens only (one return type), as timm's distilled ViT does."""
+        patch grid of the N tokens, needed by windowed applications, relative positions and
+        token merging. TorchScript returns the tokens only (one return type), as timm's
+        distilled ViT does."""
+        if not torch.jit.is_scripting():
+            if self.token_merge_ratio > 0:
+                y, applied, _ = self._recur_merged(x, hw, [])
+                return (y, applied) if return_weights else y
+        y, applied, _ = self._recur(x, hw, None, [])
+        if return_weights and not torch.jit.is_scripting():
+            return y, applied
+        return y
+
+    @torch.jit.unused
+    def forward_steps(self, x: torch.Tensor, steps: List[int],
+                      hw: Optional[Tuple[int, int]] = None) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """The unit's output and the outputs of the recursion ``steps`` (0-based), for
+        features taken inside a unit (bViT's steps T/4, T/2, 3T/4, T)."""
+        if self.token_merge_ratio > 0:
+            y, _, tapped = self._recur_merged(x, hw, list(steps))
+        else:
+            y, _, tapped = self._recur(x, hw, None, list(steps))
+        return y, tapped
+
+    def _recur(self, x: torch.Tensor, hw: Optional[Tuple[int, int]], attn_bias: Optional[torch.Tensor],
+               taps: List[int]) -> Tuple[torch.Tensor, Optional[torch.Tensor], List[torch.Tensor]]:
+        """The T steps and their mixture: (output, applied weights or None, outputs of the
+        steps in ``taps``)."""
+        tapped: List[torch.Tensor] = []
         if self.router is None:
             h = x
             for t in range(self.num_steps):
-                h = self._run_blocks(self._step_input(h, t), t, hw)
-            if return_weights and not torch.jit.is_scripting():
-                return h, None
-            return h
+                h = self._run_blocks(self._step_input(h, t), t, hw, attn_bias)
+                if t in taps:
+                    tapped.append(h)
+            return h, None, tapped
 
         alpha = self.router_weights(x)
         applied = alpha
@@ -193,16 +278,32 @@ class SoftMoRUnit(nn.Module):
 
         # accumulate the mixture in place, one fused op per step: no per-step product and no
         # stack of the T outputs (autograd keeps only h, needed anyway, and the step's weights)
-        h = self._run_blocks(x, 0, hw)
+        h = self._run_blocks(x, 0, hw, attn_bias)
+        if 0 in taps:
+            tapped.append(h)
         y = weights[..., 0:1] * h
         for t in range(1, self.num_steps):
-            h = self._run_blocks(self._step_input(h, t), t, hw)
+            h = self._run_blocks(self._step_input(h, t), t, hw, attn_bias)
+            if t in taps:
+                tapped.append(h)
             y = y.addcmul_(weights[..., t : t + 1], h)
-        if return_weights and not torch.jit.is_scripting():
-            return y, applied
-        return y
+        return y, applied, tapped
+
+    @torch.jit.unused
+    def _recur_merged(self, x: torch.Tensor, hw: Optional[Tuple[int, int]],
+                      taps: List[int]) -> Tuple[torch.Tensor, Optional[torch.Tensor], List[torch.Tensor]]:
+        """``_recur`` on merged tokens: merge at the entry (similarity of the first block's
+        normalised input), proportional attention through all steps, every output unmerged."""
+        if hw is None:
+            raise ValueError("token merging needs the patch grid to tell prefix tokens from patches: call the "
+                             "unit as unit(x, hw=(h, w)) (SRViT passes it)")
+        merge = BipartiteMerge(self.blocks[0].norm1(x), self.token_merge_ratio, x.shape[1] - hw[0] * hw[1])
+        y, applied, tapped = self._recur(merge.merge(x), None, merge.attention_bias(x.dtype), taps)
+        applied = None if applied is None else merge.unmerge(applied)
+        return merge.unmerge(y), applied, [merge.unmerge(h) for h in tapped]
 
     def extra_repr(self) -> str:
         windows = f", window_sizes={self.window_sizes}" if any(self.window_sizes) else ""
+        merge = f", token_merge_ratio={self.token_merge_ratio}" if self.token_merge_ratio else ""
         return (f"K={self.num_blocks}, T={self.num_steps}, aggregation={self.aggregation}, "
-                f"step_transforms={self.step_transforms is not None}{windows}")
+                f"step_transforms={self.step_transforms is not None}{windows}{merge}")

@@ -5,6 +5,11 @@ decreasing size (R4-R3-R2-R1 for S/B), an ordinary last block. Every block sits 
 (the ordinary ones in units of one block with T=1), so ``model.units[i]`` is the i-th
 stage and feature indices count units: for SR-ViT-S the recursive units are 1..4.
 
+The same module is bViT (one shared block applied T times, the last step's output, no
+ordinary blocks: ``ordinary_blocks=False``, ``aggregation='last'``), whose feature indices
+count recursion steps (``step_features``), and runs MergeOver-style token merging inside its
+recursive units (``token_merge_ratio``).
+
 Traceable as timm's ViT is: FX (``torchvision``/timm feature extraction), TorchScript and
 ``torch.export`` with dynamic height and width. The input check and the position-table
 resize decide on the input's size in Python, so they are leaf functions for FX
@@ -64,21 +69,42 @@ def resolve_layout(layout: Union[str, Sequence[int]], num_middle_blocks: int) ->
     return layout
 
 
-def default_out_indices(layout: Sequence[int]) -> Tuple[int, ...]:
-    """Dense-prediction default: the recursive units, or layers 3/6/9/12 of a plain 12-block ViT."""
+def quarter_indices(num_features: int) -> Tuple[int, ...]:
+    """The features at 1/4, 1/2, 3/4 and the end of ``num_features``, rounded up (0-based: 2, 5,
+    8, 11 of 12; 1, 2, 4, 5 of 6)."""
+    return tuple(sorted({math.ceil(num_features * q / 4) - 1 for q in (1, 2, 3, 4)}))
+
+
+def default_out_indices(layout: Sequence[int], num_steps: int = 1, ordinary_blocks: bool = True,
+                        step_features: bool = False) -> Tuple[int, ...]:
+    """Dense-prediction default: the recursive units; layers 3/6/9/12 of a plain 12-block ViT;
+    with ``step_features`` (bViT) the steps at T/4, T/2, 3T/4 and T."""
+    if step_features:
+        return quarter_indices(sum(t for _, t in unit_plan(layout, num_steps, ordinary_blocks)))
     if len(layout) == 10 and set(layout) == {1}:
         return (2, 5, 8, 11)
-    return tuple(range(1, len(layout) + 1))
+    return tuple(range(1, len(layout) + 1)) if ordinary_blocks else tuple(range(len(layout)))
 
 
-def unit_plan(layout: Sequence[int], num_steps: int) -> List[Tuple[int, int]]:
+def unit_plan(layout: Sequence[int], num_steps: int, ordinary_blocks: bool = True) -> List[Tuple[int, int]]:
     """(blocks K, steps T) of every unit: the ordinary first block, the recursive units, the
-    ordinary last block. Block applications are numbered in this order, step-major within a
-    unit (the order of the drop-path schedule and of ``global_attn_indexes``)."""
-    return [(1, 1)] + [(k, num_steps) for k in layout] + [(1, 1)]
+    ordinary last block (without ``ordinary_blocks``: the recursive units only). Block
+    applications are numbered in this order, step-major within a unit (the order of the
+    drop-path schedule and of ``global_attn_indexes``)."""
+    units = [(k, num_steps) for k in layout]
+    return [(1, 1)] + units + [(1, 1)] if ordinary_blocks else units
 
 
-def default_global_attn_indexes(layout: Sequence[int], num_steps: int) -> Tuple[int, ...]:
+def feature_points(plan: Sequence[Tuple[int, int]], step_features: bool) -> List[Tuple[int, int]]:
+    """(unit, step) of every feature index: each unit's output (step -1), or with
+    ``step_features`` each step of each unit (0-based)."""
+    if step_features:
+        return [(u, t) for u, (_, steps) in enumerate(plan) for t in range(steps)]
+    return [(u, -1) for u in range(len(plan))]
+
+
+def default_global_attn_indexes(layout: Sequence[int], num_steps: int, ordinary_blocks: bool = True,
+                                step_features: bool = False) -> Tuple[int, ...]:
     """Block applications that stay global when windowed attention is on: the *first*
     application of every unit that ``default_out_indices`` returns (the units that feed the
     dense heads), and the model's last application (``last_feat``, the Simple Feature
@@ -89,12 +115,16 @@ def default_global_attn_indexes(layout: Sequence[int], num_steps: int) -> Tuple[
     global application comes first, so that every step output the router mixes (all of which
     build on step 1) has exchanged information across the whole image once in this unit; a
     global last application would reach only step T's output. SR-ViT-S T=3: applications
-    1, 13, 22, 28, 31 of 32 are global.
+    1, 13, 22, 28, 31 of 32 are global. With ``step_features`` (bViT) the first application
+    of every step that ``default_out_indices`` returns stays global (steps 3/6/9/12 of 12).
     """
-    plan = unit_plan(layout, num_steps)
+    plan = unit_plan(layout, num_steps, ordinary_blocks)
     starts = [sum(k * t for k, t in plan[:u]) for u in range(len(plan))]
     last = sum(k * t for k, t in plan) - 1
-    return tuple(sorted({starts[u] for u in default_out_indices(layout)} | {last}))
+    points = feature_points(plan, step_features)
+    outs = default_out_indices(layout, num_steps, ordinary_blocks, step_features)
+    firsts = {starts[points[i][0]] + plan[points[i][0]][0] * max(points[i][1], 0) for i in outs}
+    return tuple(sorted(firsts | {last}))
 
 
 def resize_pos_embed(grid_tokens: torch.Tensor, old_grid: List[int], new_grid: List[int],
@@ -166,6 +196,19 @@ class SRViT(nn.Module):
             drop-path schedule). None: ``default_global_attn_indexes`` (its docstring says why).
         use_rel_pos: ViTDet's decomposed relative positions, zero-initialised, one table pair
             per block and attention extent (see ``window.RelPosAttention``).
+        ordinary_blocks: the ordinary first and last blocks around the recursive units (the
+            paper's S-...-S layout); False for bViT, whose only unit is the shared block.
+        step_features: feature indices (``feature_info``, ``forward_intermediates``,
+            ``features_only``) count the recursion steps of every unit instead of the units,
+            as a DeiT's count its layers (bViT: steps 3/6/9/12 of 12). Needs units whose
+            output is their last step (``aggregation='last'``).
+        token_merge_ratio: MergeOver-style token merging, an inference option that needs no
+            retraining: each recursive unit merges this fraction of the patch tokens at its
+            entry (ToMe's bipartite matching), runs its T steps and router on the reduced set
+            with proportional attention and unmerges at its exit, so every feature map keeps
+            full resolution. 0 (default) = off, exactly the unmerged model; at most 0.5. Needs
+            global attention without relative positions (merged tokens leave the grid that
+            windows and relative offsets are defined on).
 
     Windowed attention and relative positions are dense-prediction options (ViTDet's): the
     model then carries no class token (nor its position entry, dropped when a checkpoint with
@@ -174,7 +217,7 @@ class SRViT(nn.Module):
     averages them (``global_pool='avg'``; 'token' and ``distilled`` are refused).
     """
 
-    __jit_unused_properties__ = ["pretrain_grid", "unit_sizes"]  # Python-side helpers, not for TorchScript
+    __jit_unused_properties__ = ["pretrain_grid", "unit_sizes", "default_feature_indices"]  # Python-side helpers, not for TorchScript
 
     def __init__(
         self,
@@ -203,6 +246,9 @@ class SRViT(nn.Module):
         window_size: int = 0,
         global_attn_indexes: Optional[Sequence[int]] = None,
         use_rel_pos: bool = False,
+        ordinary_blocks: bool = True,
+        step_features: bool = False,
+        token_merge_ratio: float = 0.0,
     ):
         super().__init__()
         if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
@@ -215,7 +261,11 @@ class SRViT(nn.Module):
             raise ValueError(f"window_size must be an integer >= 0 (0 = global attention everywhere, ViTDet uses 14), "
                              f"got {window_size!r}")
         layout = resolve_layout(layout, num_middle_blocks)
-        plan = unit_plan(layout, num_steps)
+        plan = unit_plan(layout, num_steps, ordinary_blocks)
+        if step_features and aggregation != "last" and num_steps > 1:
+            raise ValueError(f"step_features=True takes features at recursion steps, but a unit with "
+                             f"aggregation={aggregation!r} mixes its steps: use aggregation='last' (bViT), or "
+                             f"step_features=False to take the units' mixed outputs")
         self.effective_depth = sum(k * t for k, t in plan)
         class_token = not (window_size or use_rel_pos)
         if not class_token and distilled:
@@ -223,15 +273,16 @@ class SRViT(nn.Module):
                              "relative positions do not carry: use window_size=0 and use_rel_pos=False to distil")
         global_pool = ("token" if class_token else "avg") if global_pool is None else global_pool
         self._check_pool(global_pool, class_token, distilled)
-        global_attn_indexes = default_global_attn_indexes(layout, num_steps) if global_attn_indexes is None \
-            else list(global_attn_indexes)
+        self.default_global_attn = global_attn_indexes is None
+        global_attn_indexes = default_global_attn_indexes(layout, num_steps, ordinary_blocks, step_features) \
+            if global_attn_indexes is None else list(global_attn_indexes)
         wrong = [i for i in global_attn_indexes if isinstance(i, bool) or not isinstance(i, int)
                  or not 0 <= i < self.effective_depth]
         if wrong:
             raise ValueError(f"global_attn_indexes {wrong} out of range: this model applies its blocks "
                              f"{self.effective_depth} times, numbered 0..{self.effective_depth - 1} (step-major within "
                              f"each unit); pass indices in that range, or None for the default "
-                             f"{default_global_attn_indexes(layout, num_steps)}")
+                             f"{default_global_attn_indexes(layout, num_steps, ordinary_blocks, step_features)}")
 
         self.num_classes = num_classes
         self.global_pool = global_pool
@@ -239,6 +290,9 @@ class SRViT(nn.Module):
         self.head_hidden_size = embed_dim
         self.num_steps = num_steps
         self.layout = layout
+        self.ordinary_blocks = ordinary_blocks
+        self.step_features = step_features
+        self.drop_path_rate = drop_path_rate
         self.distilled = distilled
         self.num_prefix_tokens = (2 if distilled else 1) if class_token else 0
         self.window_size = window_size
@@ -282,15 +336,89 @@ class SRViT(nn.Module):
                                      zero_init=zero_init_recursion, window_sizes=unit_windows))
             offset += k * t
         self.units = nn.ModuleList(units)
-        self.recursive_unit_indices = tuple(range(1, len(units) - 1))
+        self.recursive_unit_indices = tuple(range(1, len(units) - 1)) if ordinary_blocks else tuple(range(len(units)))
         self.norm = norm_layer(embed_dim)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.head_dist = (nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()) \
             if distilled else None
-        self.feature_info = [dict(num_chs=embed_dim, reduction=self.patch_size, module=f"units.{i}")
-                             for i in range(len(units))]
+        self._update_features()
+        self.token_merge_ratio = 0.0
+        self.set_token_merge_ratio(token_merge_ratio)
         self.init_weights()
+
+    def _update_features(self):
+        """Feature points and ``feature_info`` for the units as they are (after a change of
+        depth or a pruning)."""
+        plan = [(unit.num_blocks, unit.num_steps) for unit in self.units]
+        self.feature_points = feature_points(plan, self.step_features)
+        self.feature_info = [dict(num_chs=self.embed_dim, reduction=self.patch_size, module=self._module_name(u, t))
+                             for u, t in self.feature_points]
+        self.effective_depth = sum(k * t for k, t in plan)
+
+    @staticmethod
+    def _module_name(unit: int, step: int) -> str:
+        return f"units.{unit}" if step < 0 else f"units.{unit}.step{step}"
+
+    def feature_name(self, index: int) -> str:
+        """The key of feature ``index`` in ``forward_feature_maps``: ``unit{i}``, or ``step{i}``
+        for a model whose feature indices count steps."""
+        return f"step{index}" if self.step_features else f"unit{index}"
+
+    @property
+    def default_feature_indices(self) -> Tuple[int, ...]:
+        """The features dense heads take by default (see ``default_out_indices``)."""
+        if self.step_features:
+            return quarter_indices(len(self.feature_points))
+        return self.recursive_unit_indices
+
+    # ----------------------------------------------------------------- recursion depth, merging
+    def set_num_steps(self, num_steps: int):
+        """Run every recursive unit ``num_steps`` times on the same weights (bViT: any depth at
+        inference). Only units whose parameters do not depend on T can (no router, no step
+        transforms); a soft unit's router has one output per step, so its T is fixed."""
+        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+            raise ValueError(f"num_steps (T) must be an integer >= 1, got {num_steps!r}")
+        pruned = len(self.units) != len(unit_plan(self.layout, 1, self.ordinary_blocks))
+        if self.window_size and (pruned or not self.default_global_attn):
+            raise ValueError("global_attn_indexes number the block applications of one depth; build the model "
+                             "with the new num_steps (and its own global_attn_indexes): the checkpoint loads unchanged")
+        recursive = [self.units[u] for u in self.recursive_unit_indices]
+        for unit in recursive:  # refuse before changing anything
+            unit.set_num_steps(unit.num_steps, unit.drop_path_rates, unit.window_sizes)
+        plan = [(unit.num_blocks, num_steps if u in self.recursive_unit_indices else unit.num_steps)
+                for u, unit in enumerate(self.units)]
+        depth = sum(k * t for k, t in plan)
+        rates = torch.linspace(0, self.drop_path_rate, depth).tolist()
+        globals_ = set(range(depth))
+        if self.window_size:
+            globals_ = set(default_global_attn_indexes(self.layout, num_steps, self.ordinary_blocks,
+                                                       self.step_features))
+        offset = 0
+        for u, (unit, (k, t)) in enumerate(zip(self.units, plan)):
+            windows = [0 if i in globals_ else self.window_size for i in range(offset, offset + k * t)]
+            if u in self.recursive_unit_indices:
+                unit.set_num_steps(t, rates[offset:offset + k * t], windows)
+            else:
+                unit.drop_path_rates = rates[offset:offset + k * t]
+            offset += k * t
+        self.num_steps = num_steps
+        self.global_attn_indexes = tuple(sorted(globals_))
+        self._update_features()
+
+    def set_token_merge_ratio(self, ratio: float):
+        """Token merging in every recursive unit (see the class docstring); 0 = off."""
+        if ratio and not any(self.units[u].num_steps > 1 for u in self.recursive_unit_indices):
+            raise ValueError("token merging works inside recursive units (T > 1) and this model has none: "
+                             "use token_merge_ratio=0")
+        if ratio and (self.window_size or self.use_rel_pos):
+            raise ValueError("token merging needs global attention without relative positions: merged tokens no "
+                             "longer form the patch grid that windows and relative offsets are defined on; use "
+                             "window_size=0 and use_rel_pos=False, or token_merge_ratio=0")
+        for u in self.recursive_unit_indices:
+            if self.units[u].num_steps > 1:
+                self.units[u].set_token_merge_ratio(ratio)
+        self.token_merge_ratio = float(ratio)
 
     # ----------------------------------------------------------------- timm conventions
     def init_weights(self, mode: Optional[str] = None, zero_init_recursion: Optional[bool] = None):
@@ -431,49 +559,58 @@ class SRViT(nn.Module):
 
     def forward_units(self, x: torch.Tensor, indices: Sequence[int], return_mixture: bool = False,
                       stop_early: bool = False):
-        """Run the model, keeping the token outputs of the units in ``indices``.
+        """Run the model, keeping the token outputs of the features in ``indices`` (units, or
+        steps with ``step_features``).
 
-        Returns (final tokens before the norm, {index: tokens}, {index: mixture (B, N, T)},
+        Returns (final tokens before the norm, {index: tokens}, {unit: mixture (B, N, T)},
         grid). Mixture weights exist for recursive units with a router.
         """
-        wanted = set(indices)
-        last = max(wanted) if (stop_early and wanted) else len(self.units) - 1
+        wanted = {i: self.feature_points[i] for i in indices}
+        last = max(u for u, _ in wanted.values()) if (stop_early and wanted) else len(self.units) - 1
         x, grid = self.embed(x)
         outputs, mixtures = {}, {}
-        for i, unit in enumerate(self.units[:last + 1]):
-            if return_mixture and i in wanted:
+        for u, unit in enumerate(self.units[:last + 1]):
+            here = {i: t for i, (v, t) in wanted.items() if v == u}
+            steps = sorted(t for t in here.values() if t >= 0)
+            if steps:
+                x, tapped = unit.forward_steps(x, steps, hw=grid)
+                outputs.update({i: tapped[steps.index(t)] for i, t in here.items()})
+                continue
+            if return_mixture and here:
                 x, weights = unit(x, return_weights=True, hw=grid)
                 if weights is not None:
-                    mixtures[i] = weights
+                    mixtures[u] = weights
             else:
                 x = unit(x, hw=grid)
-            if i in wanted:
-                outputs[i] = x
+            outputs.update({i: x for i in here})
         return x, outputs, mixtures, grid
 
     def forward_feature_maps(self, x: torch.Tensor, indices: Optional[Sequence[int]] = None,
                              return_mixture: bool = False) -> Dict[str, torch.Tensor]:
-        """Dense-prediction features as NCHW stride-16 maps, keyed ``unit{i}``.
+        """Dense-prediction features as NCHW stride-16 maps, keyed by ``feature_name``
+        (``unit{i}``, or ``step{i}`` with ``step_features``).
 
-        ``indices`` default to the recursive units. ``last_feat`` (the last block's output,
-        no final norm: the ViTDet Simple Feature Pyramid input) is always included. With
-        ``return_mixture``, ``mixture{i}`` holds unit i's (B, T, h, w) mixture weights.
+        ``indices`` default to ``default_feature_indices`` (the recursive units; bViT's
+        quarter steps). ``last_feat`` (the last block's output, no final norm: the ViTDet
+        Simple Feature Pyramid input) is always included. With ``return_mixture``,
+        ``mixture{i}`` holds unit i's (B, T, h, w) mixture weights.
         """
-        indices = self.recursive_unit_indices if indices is None else self._check_indices(indices)
+        indices = self.default_feature_indices if indices is None else self._check_indices(indices)
         x, outputs, mixtures, grid = self.forward_units(x, indices, return_mixture)
-        feats = {f"unit{i}": self.tokens_to_map(outputs[i], grid) for i in indices}
+        feats = {self.feature_name(i): self.tokens_to_map(outputs[i], grid) for i in indices}
         feats["last_feat"] = self.tokens_to_map(x, grid)
         for i, w in mixtures.items():
             feats[f"mixture{i}"] = self.tokens_to_map(w, grid)
         return feats
 
     def _check_indices(self, indices: Sequence[int]) -> List[int]:
-        n = len(self.units)
+        n = len(self.feature_points)
         out = []
         for i in indices:
-            if not isinstance(i, int) or not -n <= i < n:
-                raise ValueError(f"feature index {i!r} does not exist: this model has {n} units "
-                                 f"(0..{n - 1}; recursive units {list(self.recursive_unit_indices)})")
+            if isinstance(i, bool) or not isinstance(i, int) or not -n <= i < n:
+                what = (f"{n} recursion steps as features (0..{n - 1})" if self.step_features else
+                        f"{n} units (0..{n - 1}; recursive units {list(self.recursive_unit_indices)})")
+                raise ValueError(f"feature index {i!r} does not exist: this model has {what}")
             out.append(i % n)
         return out
 
@@ -483,7 +620,7 @@ class SRViT(nn.Module):
         """timm's intermediate-feature API; indices count units (see ``feature_info``)."""
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
-        take_indices, _ = feature_take_indices(len(self.units), indices)
+        take_indices, _ = feature_take_indices(len(self.feature_points), indices)
         x, outputs, _, grid = self.forward_units(x, take_indices, stop_early=stop_early or intermediates_only)
         intermediates = []
         for i in take_indices:
@@ -497,13 +634,16 @@ class SRViT(nn.Module):
 
     def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
                                   prune_head: bool = True):
-        """Drop the units after the last of ``indices`` (timm's API), so that a backbone holds
-        and runs only what its outputs need: no parameter is left without a gradient."""
-        take_indices, max_index = feature_take_indices(len(self.units), indices)
-        self.units = self.units[:max_index + 1]
-        self.feature_info = self.feature_info[:max_index + 1]
-        self.recursive_unit_indices = tuple(i for i in self.recursive_unit_indices if i <= max_index)
-        self.effective_depth = sum(unit.effective_depth for unit in self.units)
+        """Drop what comes after the last of ``indices`` (timm's API): later units, and with
+        ``step_features`` the later steps of its unit, so that a backbone holds and runs only
+        what its outputs need: no parameter is left without a gradient."""
+        take_indices, max_index = feature_take_indices(len(self.feature_points), indices)
+        unit, step = self.feature_points[max_index]
+        self.units = self.units[:unit + 1]
+        if step >= 0 and step + 1 < self.units[unit].num_steps:
+            self.units[unit].truncate_steps(step + 1)
+        self.recursive_unit_indices = tuple(i for i in self.recursive_unit_indices if i <= unit)
+        self._update_features()
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:

@@ -110,13 +110,17 @@ def check_patch_tokens(x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
 
 
 def attend(attn: nn.Module, x: torch.Tensor, hw: Optional[Tuple[int, int]] = None,
-           window_size: int = 0) -> torch.Tensor:
+           window_size: int = 0, attn_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One application of a block's attention to (B, N, D) tokens: global, or in windows of
     ``window_size`` over the (h, w) patch grid ``hw``; with the block's relative positions if
-    it has them. Global attention without relative positions is exactly ``attn(x)``."""
+    it has them. Global attention without relative positions is exactly ``attn(x)``;
+    ``attn_bias`` (global attention only: merged tokens' proportional attention) is added to
+    its logits."""
     rel_pos = isinstance(attn, RelPosAttention)
     if not window_size and not rel_pos:
-        return attn(x)
+        return attn(x) if attn_bias is None else attn(x, attn_mask=attn_bias)
+    if attn_bias is not None:
+        raise ValueError("an attention bias (token merging) needs global attention without relative positions")
     if hw is None:
         raise ValueError("windowed attention and relative positions need the patch grid: call the unit as "
                          "unit(x, hw=(h, w)) (SRViT passes it)")

@@ -1,0 +1,86 @@
+"""Token merging inside a recursive unit (ToMe's bipartite soft matching, MergeOver's schedule).
+
+A recursive unit applies its blocks T times to the same tokens, so merging once at the
+unit's entry saves the attention and MLP cost of every step, and unmerging at its exit gives
+the next unit (and the dense heads) the full grid back. Algorithm of Bolya et al., "Token
+Merging: Your ViT but Faster" (ICLR 2023), written here from the paper: patch tokens are
+split alternately into sets A and B; every A token is matched to its most similar B token
+(cosine similarity); the ``r`` best-matched A tokens are averaged into their B partners
+(one merge per unit: MergeOver's single shot at the unit's entry, the length then fixed
+through all T steps). The size of a token (how many it stands for) is kept: attention adds
+``log(size)`` to the logits of every key (proportional attention), so a merged token keeps the
+mass of the tokens it replaced. Prefix (class / distillation) tokens are neither merged nor
+merged into.
+"""
+import torch
+
+
+class BipartiteMerge:
+    """One merge of (B, N, C) token sets and its inverse.
+
+    Args:
+        metric: (B, N, C) features whose cosine similarity decides the matching.
+        ratio: fraction of the patch tokens to remove, 0 <= ratio <= 0.5 (each A token can
+            merge only once, and A holds half the patch tokens).
+        num_prefix_tokens: leading tokens that are kept as they are.
+    """
+
+    def __init__(self, metric: torch.Tensor, ratio: float, num_prefix_tokens: int = 0):
+        if not 0.0 <= ratio <= 0.5:
+            raise ValueError(f"token_merge_ratio must be in [0, 0.5] (bipartite matching merges at most half the "
+                             f"patch tokens), got {ratio}")
+        batch, num_tokens, _ = metric.shape
+        self.num_tokens = num_tokens
+        self.prefix = num_prefix_tokens
+        num_patches = num_tokens - num_prefix_tokens
+        self.num_a = (num_patches + 1) // 2
+        self.r = min(int(ratio * num_patches), self.num_a)
+        with torch.no_grad():
+            metric = metric[:, num_prefix_tokens:].float()
+            metric = metric / metric.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+            scores = metric[:, 0::2] @ metric[:, 1::2].transpose(1, 2)  # (B, |A|, |B|)
+            best, best_b = scores.max(dim=-1)
+            order = best.argsort(dim=-1, descending=True)
+        self.merged_a = order[:, :self.r]  # A tokens that merge away (indices into A)
+        self.kept_a = order[:, self.r:]  # A tokens that stay
+        self.partner_b = best_b.gather(1, self.merged_a)  # the B token each merges into
+        ones = torch.ones(batch, num_tokens, 1, device=metric.device, dtype=torch.float32)
+        self.size = self._sum(ones)  # tokens each reduced token stands for
+
+    def _split(self, x: torch.Tensor):
+        patches = x[:, self.prefix:]
+        return x[:, :self.prefix], patches[:, 0::2], patches[:, 1::2]
+
+    @staticmethod
+    def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+    def merge(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, N, C) -> (B, N - r, C): the prefix tokens, the kept A tokens, then the B tokens
+        with the A tokens merged into them averaged in. Every entry token stands for itself
+        alone (merging starts afresh at each unit), so the size-weighted mean is sum / size."""
+        return self._sum(x) / self.size.to(x.dtype)
+
+    def _sum(self, x: torch.Tensor) -> torch.Tensor:
+        prefix, a, b = self._split(x)
+        kept = self._take(a, self.kept_a)
+        moving = self._take(a, self.merged_a)
+        index = self.partner_b.unsqueeze(-1).expand(-1, -1, x.shape[-1])
+        b = b.scatter_add(1, index, moving)
+        return torch.cat([prefix, kept, b], dim=1)
+
+    def attention_bias(self, dtype: torch.dtype) -> torch.Tensor:
+        """(B, 1, 1, N - r) additive attention bias log(size): proportional attention."""
+        return self.size.log().to(dtype).transpose(1, 2).unsqueeze(1)
+
+    def unmerge(self, y: torch.Tensor) -> torch.Tensor:
+        """(B, N - r, C) -> (B, N, C): every token takes the value of the token it became."""
+        prefix, kept, b = y[:, :self.prefix], y[:, self.prefix:self.prefix + self.num_a - self.r], \
+            y[:, self.prefix + self.num_a - self.r:]
+        a = y.new_empty(y.shape[0], self.num_a, y.shape[-1])
+        a.scatter_(1, self.kept_a.unsqueeze(-1).expand_as(kept), kept)
+        a.scatter_(1, self.merged_a.unsqueeze(-1).expand(-1, -1, y.shape[-1]), self._take(b, self.partner_b))
+        patches = y.new_empty(y.shape[0], self.num_tokens - self.prefix, y.shape[-1])
+        patches[:, 0::2] = a
+        patches[:, 1::2] = b
+        return torch.cat([prefix, patches], dim=1)
