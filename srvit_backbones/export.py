@@ -9,7 +9,8 @@ TorchScript-based exporter (``dynamo=False``) is deprecated in torch 2.x and wou
 resize decision of the example input. Needs ``pip install -e .[deploy]`` (onnx, onnxscript,
 onnxruntime). Windowed attention and relative positions specialise ``torch.export`` to one
 input size (timm's window partition and relative-position lookup decide on the grid in
-Python), so they are refused here.
+Python), so they are refused here. The exported graph is always fp32; ``--amp`` only adds to
+the check the PyTorch model under bf16 autocast (CPU), to show what bf16 inference costs.
 """
 import argparse
 import ast
@@ -19,6 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from .amp import amp_dtype, autocast
 from .checkpoint import CheckpointError, LoadReport, extract_state_dict, load_pretrained, read_checkpoint, \
     select_backbone
 from .models import create_srvit
@@ -74,8 +76,9 @@ def build_backbone(variant: str, checkpoint: Optional[Mapping[str, Any]] = None,
 
 
 def output_names(backbone: nn.Module) -> List[str]:
-    """``unit{i}`` for each feature, in ``feature_info`` order (the names of ``forward_feature_maps``)."""
-    return ["unit" + m.rsplit(".", 1)[-1] for m in backbone.feature_info.module_name()]
+    """The name of each feature in ``feature_info`` order, as ``forward_feature_maps`` keys it
+    (``unit{i}``; ``step{i}`` for bViT)."""
+    return [backbone.model.feature_name(i) for i in backbone.feature_info.out_indices]
 
 
 def export_onnx(backbone: nn.Module, path: str, opset: int = 18) -> None:
@@ -92,12 +95,15 @@ def export_onnx(backbone: nn.Module, path: str, opset: int = 18) -> None:
 
 
 def check_onnx(path: str, backbone: nn.Module, sizes: Sequence[Tuple[int, int]], atol: float = 1e-4,
-               rtol: float = 1e-4, seed: int = 0) -> List[Dict[str, Any]]:
+               rtol: float = 1e-4, seed: int = 0, amp: bool = False) -> List[Dict[str, Any]]:
     """Run the ONNX file with ONNX Runtime (CPU) and ``backbone`` on the same random images at
     each size (batch 1, then 2, ...). One row per size: the largest absolute difference over
     all outputs, and whether each output's is within ``atol + rtol * max|torch|``. The bound
     scales with the output's largest value, not elementwise: deep features span orders of
-    magnitude, and float32 noise is relative to the largest terms summed into an element."""
+    magnitude, and float32 noise is relative to the largest terms summed into an element.
+    With ``amp``, the row also holds the largest difference of ``backbone`` under bf16 autocast
+    (CPU) against ONNX Runtime's fp32 outputs, absolute and relative to each output's largest
+    magnitude: what bf16 inference costs, reported, not held to the tolerance."""
     import onnxruntime
 
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
@@ -120,7 +126,15 @@ def check_onnx(path: str, backbone: nn.Module, sizes: Sequence[Tuple[int, int]],
             diff = (out - ref).abs().max().item()
             max_diff = max(max_diff, diff)
             ok = ok and diff <= atol + rtol * ref.abs().max().item()
-        rows.append(dict(size=(height, width), batch=batch, max_abs_diff=max_diff, ok=ok))
+        row = dict(size=(height, width), batch=batch, max_abs_diff=max_diff, ok=ok)
+        if amp:
+            with torch.no_grad(), autocast("cpu", True):
+                low = backbone(x)
+            diffs = [((torch.from_numpy(out) - ref.float()).abs().max().item(), abs(out).max().item())
+                     for out, ref in zip(got, low)]
+            row["amp_max_abs_diff"] = max(d for d, _ in diffs)
+            row["amp_max_rel_diff"] = max(d / scale for d, scale in diffs)
+        rows.append(row)
     return rows
 
 
@@ -163,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of the check")
     parser.add_argument("--rtol", type=float, default=1e-4,
                         help="relative tolerance of the check, times each output's largest magnitude")
+    parser.add_argument("--amp", action="store_true",
+                        help="also run the check's PyTorch model under bf16 autocast on the CPU and print its "
+                             "difference to the (fp32) ONNX outputs; the exported graph stays fp32")
     return parser
 
 
@@ -180,6 +197,11 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     except ImportError as e:
         raise SystemExit(f"error: ONNX export needs onnx, onnxscript and onnxruntime ({e}): "
                          f"pip install -e .[deploy]") from None
+    if args.amp:
+        try:
+            amp_dtype("cpu")
+        except ValueError as e:
+            raise SystemExit(f"error: {e}") from None
     try:
         checkpoint = read_checkpoint(args.checkpoint) if args.checkpoint else None
         backbone, report = build_backbone(args.model, checkpoint, args.img_size, args.out_indices,
@@ -194,13 +216,19 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
         print(f"wrote {args.output}: {args.model}, input images (batch, 3, H, W) with H, W multiples of {patch}, "
               f"outputs {', '.join(names)} (stride {patch}), position table "
               f"{backbone.model.pretrain_grid[0]}x{backbone.model.pretrain_grid[1]}")
-        rows = check_onnx(args.output, backbone, args.check_sizes, args.atol, args.rtol)
+        if args.amp:
+            print("--amp: the exported graph stays fp32; the check also runs PyTorch under bf16 autocast (CPU)")
+        rows = check_onnx(args.output, backbone, args.check_sizes, args.atol, args.rtol, amp=args.amp)
     except (CheckpointError, ExportError) as e:
         raise SystemExit(f"error: {e}") from None
     for row in rows:
         print(f"check {row['size'][0]}x{row['size'][1]} (batch {row['batch']}): max abs difference ONNX Runtime vs "
               f"PyTorch {row['max_abs_diff']:.3g} ({'within' if row['ok'] else 'ABOVE'} atol {args.atol:g} + "
               f"rtol {args.rtol:g} * max|PyTorch| of each output)")
+        if args.amp:
+            print(f"check {row['size'][0]}x{row['size'][1]} (batch {row['batch']}): max abs difference PyTorch bf16 "
+                  f"autocast vs ONNX Runtime fp32 {row['amp_max_abs_diff']:.3g} ({100 * row['amp_max_rel_diff']:.2g}% "
+                  f"of max|output|; what bf16 costs, not held to the tolerance)")
     if not all(row["ok"] for row in rows):
         raise SystemExit(f"error: ONNX Runtime's outputs differ from PyTorch's beyond the tolerance; "
                          f"{args.output} was written but should not be used")

@@ -304,3 +304,37 @@ def test_mmseg_backbone_takes_bvit_steps_and_token_merging():
         steps = by_hand(backbone.srvit, x, 12)
         for i, o in zip([2, 5, 8, 11], backbone(x)):
             torch.testing.assert_close(o, backbone.srvit.tokens_to_map(steps[i], (4, 4)))
+
+
+def test_merge_fidelity_tool_on_a_framework_checkpoint(tmp_path, capsys):
+    """tools/merge_fidelity.py finds the backbone in a detectron2-style checkpoint and reports
+    1.0 at ratio 0 and lower similarity as more tokens merge."""
+    import importlib.util
+    import os
+
+    from PIL import Image
+
+    torch.manual_seed(0)
+    core = timm.create_model("srvit_t_t2", img_size=64, embed_dim=64, num_heads=2, num_classes=0,
+                             zero_init_recursion=False)
+    state = {f"backbone.net.srvit.{k}": v for k, v in core.state_dict().items() if not k.startswith("norm.")}
+    torch.save({"model": state, "iteration": 9}, tmp_path / "model_final.pth")
+    rng = torch.Generator().manual_seed(0)
+    for i in range(2):  # smooth images with structure, so that similar neighbours exist
+        low = torch.rand(3, 4, 4, generator=rng)
+        image = F.interpolate(low[None], size=(64, 64), mode="bilinear", align_corners=False)[0]
+        Image.fromarray((image.permute(1, 2, 0).numpy() * 255).astype("uint8")).save(tmp_path / f"{i}.png")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("merge_fidelity", os.path.join(root, "tools", "merge_fidelity.py"))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    results = tool.main(["--model", "srvit_t_t2", "--set", "embed_dim=64", "num_heads=2", "--checkpoint",
+                         str(tmp_path / "model_final.pth"), "--input", str(tmp_path), "--size", "64",
+                         "--ratios", "0", "0.5", "--json", str(tmp_path / "out.json")])
+    assert set(results[0.5]) == {"unit1", "unit2", "unit3", "last_feat"}
+    assert all(r["cosine"] == pytest.approx(1.0) and r["rel_l2"] == 0 for r in results[0.0].values())
+    assert all(r["cosine"] < 0.9999 for r in results[0.5].values())
+    assert "| 0.5 | unit1 |" in capsys.readouterr().out
+    with pytest.raises(CheckpointError, match="the checkpoint's recursion depth is T=\\[2\\], the model's T=3"):
+        tool.main(["--model", "srvit_t_t3", "--set", "embed_dim=64", "num_heads=2", "--checkpoint",
+                   str(tmp_path / "model_final.pth"), "--input", str(tmp_path), "--size", "64"])

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from srvit_backbones import create_srvit
+from srvit_backbones.amp import cpu_has_native_bf16
 from srvit_backbones.export import build_backbone, check_onnx, main, output_names
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,7 +31,8 @@ def trained_tiny(img_size=64, seed=0):
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """The real CLI, run once: an mmseg ``iter_N.pth`` of the tiny model -> ONNX."""
+    """The real CLI, run once: an mmseg ``iter_N.pth`` of the tiny model -> ONNX, with --amp
+    where the CPU has native bf16 (it only adds lines to the check)."""
     tmp = tmp_path_factory.mktemp("onnx")
     model = trained_tiny()
     checkpoint = tmp / "iter_10.pth"
@@ -41,7 +43,7 @@ def exported(tmp_path_factory):
     result = subprocess.run(
         [sys.executable, os.path.join(REPO, "tools", "export_onnx.py"), "--model", "srvit_t_t2",
          "--checkpoint", str(checkpoint), "--output", str(output), "--set", "embed_dim=32", "num_heads=2",
-         "--check-sizes", "64x64", "48x80"],
+         "--check-sizes", "64x64", "48x80", *(["--amp"] if cpu_has_native_bf16() else [])],
         capture_output=True, text=True, cwd=str(tmp), env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert result.returncode == 0, result.stdout + result.stderr
     return model, output, result.stdout
@@ -126,4 +128,36 @@ def test_unexportable_requests_fail_before_exporting(argv, message, tmp_path):
     output = tmp_path / "x.onnx"
     with pytest.raises(SystemExit, match=message):
         main(["--model", "srvit_t_t2", "--output", str(output), *argv])
+    assert not output.exists()
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16")
+def test_amp_reports_what_bf16_costs_and_exports_fp32(exported):
+    """The fixture's run had --amp (this CPU has bf16): the graph is still fp32, and the check
+    printed the bf16 model's difference, far above fp32's and small."""
+    import onnx
+
+    _, output, stdout = exported
+    assert "--amp: the exported graph stays fp32" in stdout
+    fp32 = re.findall(r"vs PyTorch (\S+) \(within", stdout)
+    bf16 = re.findall(r"check (\d+x\d+) \(batch \d\): max abs difference PyTorch bf16 autocast vs ONNX Runtime "
+                      r"fp32 (\S+) \((\S+)% of max\|output\|", stdout)
+    assert [size for size, _, _ in bf16] == ["64x64", "48x80"], stdout
+    for fp32_diff, (_, diff, percent) in zip(fp32, bf16):
+        assert float(diff) > 10 * float(fp32_diff)  # bf16 really ran: far coarser than fp32
+        assert 0 < float(percent) < 5  # and stays close
+    graph = onnx.load(str(output)).graph
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
+    assert {t.data_type for t in graph.initializer if t.data_type in floats} == {onnx.TensorProto.FLOAT}
+    assert {v.type.tensor_type.elem_type for v in [*graph.input, *graph.output]} == {onnx.TensorProto.FLOAT}
+
+
+def test_amp_without_native_bf16_is_refused_before_exporting(monkeypatch, tmp_path):
+    """A CPU without native bf16 (simulated: this one may have it) gets the reason and no file."""
+    import srvit_backbones.amp
+
+    monkeypatch.setattr(srvit_backbones.amp, "cpu_has_native_bf16", lambda: False)
+    output = tmp_path / "x.onnx"
+    with pytest.raises(SystemExit, match="no native bf16.*run without --amp"):
+        main(["--model", "srvit_t_t2", "--random-weights", "--output", str(output), "--amp"])
     assert not output.exists()

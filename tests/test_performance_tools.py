@@ -42,16 +42,6 @@ def test_torch_compile_matches_eager_and_does_not_recompile():
             compiled(torch.randn(2, 3, 32, 32)).sum().backward()
 
 
-def test_visualize_mixture_writes_png_and_weights_sum_to_one(tmp_path):
-    out = tmp_path / "mix.png"
-    weights = load("visualize_mixture").main(["--model", "srvit_t_t3", "--size", "64", "--unit", "2",
-                                              "--out", str(out)])
-    assert out.exists() and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert weights.shape == (3, 4, 4)
-    torch.testing.assert_close(weights.sum(0), torch.ones(4, 4))
-    assert weights.std() > 0  # a random router: the steps get different weights
-
-
 def test_benchmark_tool_interleaves_models_and_pairs_their_rounds(tmp_path):
     path = tmp_path / "bench.json"
     argv = ["--model", "srvit_t_t2", "--size", "32", "--batch-size", "2", "--warmup", "1", "--repeats", "3",
