@@ -2,7 +2,7 @@
 PY ?= .venv/bin/python
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: setup test collect-env quickstart-detectron2 quickstart-mmseg
+.PHONY: setup test collect-env quickstart-detectron2 quickstart-detectron2-win quickstart-mmseg demo-detectron2 demo-mmseg
 
 setup:
 	bash tools/setup.sh
@@ -14,12 +14,30 @@ test:
 collect-env:
 	$(PY) -m srvit_backbones.collect_env
 
-# CPU quickstarts on generated data (no COCO / ADE20K needed)
+# CPU quickstarts on generated data (no COCO / ADE20K needed); each ends by drawing its
+# training curves (OUTPUT/curves.png); the demo-* targets draw the trained model's predictions.
 quickstart-detectron2:
 	$(PY) tools/make_synthetic_coco.py --root datasets --train 64 --val 16
 	DETECTRON2_DATASETS=datasets $(PY) tools/train_net.py --config detectron2_configs/quickstart/mask_rcnn_srvit_tiny_cpu.py
+	$(PY) tools/plot_curves.py output/quickstart_detectron2
+
+quickstart-detectron2-win:
+	$(PY) tools/make_synthetic_coco.py --root datasets --train 64 --val 16
+	DETECTRON2_DATASETS=datasets $(PY) tools/train_net.py --config detectron2_configs/quickstart/mask_rcnn_srvit_tiny_win_cpu.py
+	$(PY) tools/plot_curves.py output/quickstart_detectron2_win
 
 quickstart-mmseg:
 	$(PY) tools/make_synthetic_ade20k.py --root datasets --train 32 --val 8
 	$(PY) tools/train_seg.py mmseg_configs/quickstart/upernet_srvit_tiny_cpu.py
 	$(PY) tools/test_seg.py mmseg_configs/quickstart/upernet_srvit_tiny_cpu.py output/quickstart_mmseg/iter_200.pth --tta
+	$(PY) tools/plot_curves.py output/quickstart_mmseg
+
+demo-detectron2:
+	$(PY) tools/demo.py detectron2_configs/quickstart/mask_rcnn_srvit_tiny_cpu.py \
+		--checkpoint output/quickstart_detectron2/model_final.pth --input datasets/coco/val2017 \
+		--output output/quickstart_detectron2/demo --save-raw
+
+demo-mmseg:
+	$(PY) tools/demo.py mmseg_configs/quickstart/upernet_srvit_tiny_cpu.py \
+		--checkpoint output/quickstart_mmseg/iter_200.pth --input datasets/ade/ADEChallengeData2016/images/validation \
+		--output output/quickstart_mmseg/demo --save-raw

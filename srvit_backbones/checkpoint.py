@@ -120,10 +120,27 @@ def read_checkpoint(path: str) -> Any:
             raise CheckpointError(f"{path} could not be read as a PyTorch checkpoint "
                                   f"({type(e).__name__}: {str(e).splitlines()[0]}); is the file complete?") from e
         unsupported = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        if unsupported and unsupported.group(1).startswith("mmengine.") and _allow_mmengine_checkpoints():
+            return read_checkpoint(path)  # an mmengine run's checkpoint: its log buffers are allow-listed now
         raise CheckpointError(
             f"{path} holds Python objects ({unsupported.group(1) if unsupported else 'not plain tensors'}) that "
             f"torch refuses to unpickle safely. If you trust the file, re-save only its weights: "
             f"python tools/convert_checkpoint.py {path} OUT.pth --model VARIANT --trust") from None
+
+
+def _allow_mmengine_checkpoints() -> bool:
+    """Allow-list the few types of an mmengine checkpoint's message hub (see
+    ``srvit_backbones.mmseg.checkpoint_loading``); False if mmengine is not installed or they
+    were allowed already."""
+    import sys
+
+    if "srvit_backbones.mmseg.checkpoint_loading" in sys.modules:
+        return False
+    try:
+        import srvit_backbones.mmseg.checkpoint_loading  # noqa: F401  (registers them on import)
+    except ImportError:
+        return False
+    return True
 
 
 def extract_state_dict(obj: Any, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:

@@ -182,3 +182,31 @@ def test_another_width_is_refused_in_a_few_grouped_lines(tmp_path):
     assert "width is 32, the model's 384" in message and "units.{0,1,2,3,4}.blocks.* (96)" in message
     assert "e.g. cls_token: checkpoint (1, 1, 32) vs model (1, 1, 384)" in message
     assert len(message.splitlines()) <= 10
+
+
+def test_an_mmengine_run_checkpoint_is_read_safely_without_importing_the_adapter_first(tmp_path):
+    """An mmseg ``iter_N.pth`` holds mmengine's log buffers (HistoryBuffer, numpy arrays), which
+    torch's weights_only loading refuses. read_checkpoint allow-lists exactly those types (the
+    adapter's loader, imported on demand) so that tools without the adapter read the file; any
+    other unknown type is still refused."""
+    import subprocess
+    import sys
+
+    from mmengine.logging import HistoryBuffer
+
+    core = create_srvit("srvit_t_t2", embed_dim=32, num_heads=2, num_classes=0)
+    path = tmp_path / "iter_2.pth"
+    buffer = HistoryBuffer()
+    buffer.update(1.5)
+    torch.save({"state_dict": {f"backbone.srvit.{k}": v for k, v in core.state_dict().items()},
+                "message_hub": {"log_scalars": {"train/loss": buffer}}}, path)
+    script = ("import sys, torch; from srvit_backbones.checkpoint import read_checkpoint; "
+              f"assert 'mmseg' not in sys.modules; obj = read_checkpoint({str(path)!r}); "
+              "print(sorted(obj), obj['message_hub']['log_scalars']['train/loss'].current())")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["['message_hub',", "'state_dict']", "1.5"]
+    evil = tmp_path / "evil.pth"
+    torch.save({"state_dict": {}, "hook": logging.LogRecord("x", 1, "p", 1, "m", None, None)}, evil)
+    with pytest.raises(CheckpointError, match="logging.LogRecord.*refuses to unpickle safely"):
+        read_checkpoint(str(evil))

@@ -1,0 +1,295 @@
+"""tools/demo.py end to end: the detectron2 and mmseg quickstarts trained a few iterations
+through the real tools, then their predictions drawn, saved raw and checked against the images."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from detectron2.config import get_cfg
+from PIL import Image
+from pycocotools import mask as mask_util
+
+import srvit_backbones.mmseg  # noqa: F401  (torch.load reads mmengine checkpoints)
+from srvit_backbones import create_srvit
+from srvit_backbones.amp import cpu_has_native_bf16
+from srvit_backbones.detectron2 import add_srvit_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+D2_QUICKSTART = os.path.join(ROOT, "detectron2_configs", "quickstart", "mask_rcnn_srvit_tiny_cpu.py")
+SEG_QUICKSTART = os.path.join(ROOT, "mmseg_configs", "quickstart", "upernet_srvit_tiny_cpu.py")
+LOW = 0.001  # a few-iteration detector scores low: draw (almost) everything it returns
+
+# the detectron2 quickstart at 128 pixels (its own images are 192), 8 iterations
+D2_TRAIN = ["model.backbone.net.img_size=128", "model.backbone.square_pad=128",
+            "dataloader.train.mapper.augmentations.1.target_height=128",
+            "dataloader.train.mapper.augmentations.1.target_width=128",
+            "dataloader.train.mapper.augmentations.2.crop_size=[128,128]",
+            "dataloader.test.mapper.augmentations.0.short_edge_length=128",
+            "dataloader.test.mapper.augmentations.0.max_size=128", "dataloader.train.total_batch_size=2",
+            "dataloader.train.num_workers=0", "dataloader.test.num_workers=0",
+            "train.max_iter=8", "train.eval_period=8", "train.log_period=2", "train.checkpointer.period=1000"]
+TEST_SIZE = [o for o in D2_TRAIN if o.startswith(("model.", "dataloader.test."))]  # the demo's --opts for it
+SEG_TRAIN = ["train_cfg.max_iters=4", "train_cfg.val_interval=4", "default_hooks.logger.interval=1",
+             "default_hooks.checkpoint.interval=4", "train_dataloader.batch_size=2",
+             "param_scheduler.0.end=2", "param_scheduler.1.begin=2", "param_scheduler.1.end=8", "randomness.seed=0"]
+
+
+def run(cwd, *cmd, **env):
+    proc = subprocess.run([sys.executable, *cmd], cwd=str(cwd), env=dict(os.environ, OMP_NUM_THREADS="1", **env),
+                          capture_output=True, text=True, timeout=600)
+    return proc, proc.stdout + proc.stderr
+
+
+def trained_detectron2(tmp_path_factory):
+    """tools/train_net.py on 8 synthetic COCO images for 8 iterations: the run's folder (out/:
+    model_final.pth, config.yaml, metrics.json; data/coco/val2017: 3 images). Kept for the
+    session in the base temp folder, so that test_plot_curves.py reuses it."""
+    root = tmp_path_factory.getbasetemp() / "quickstart_detectron2"
+    out = root / "out"
+    if not (out / "model_final.pth").exists():
+        root.mkdir(exist_ok=True)
+        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_synthetic_coco.py"), "--root",
+                        str(root / "data"), "--train", "8", "--val", "3", "--size", "128", "160"], check=True)
+        proc, log = run(root, os.path.join(ROOT, "tools", "train_net.py"), "--config", D2_QUICKSTART,
+                        f"train.output_dir={out}", *D2_TRAIN, DETECTRON2_DATASETS=str(root / "data"))
+        assert proc.returncode == 0, log[-3000:]
+    return root
+
+
+def trained_mmseg(tmp_path_factory):
+    """tools/train_seg.py on 4 synthetic ADE20K images for 4 iterations: the run's folder
+    (work/: iter_4.pth, the run's config, TIMESTAMP/vis_data/scalars.json; 2 validation images)."""
+    root = tmp_path_factory.getbasetemp() / "quickstart_mmseg"
+    work = root / "work"
+    if not (work / "iter_4.pth").exists():
+        root.mkdir(exist_ok=True)
+        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_synthetic_ade20k.py"), "--root",
+                        str(root / "datasets"), "--train", "4", "--val", "2", "--size", "96", "128"], check=True)
+        proc, log = run(root, os.path.join(ROOT, "tools", "train_seg.py"), SEG_QUICKSTART, "--work-dir", str(work),
+                        "--cfg-options", *SEG_TRAIN)
+        assert proc.returncode == 0, log[-3000:]
+    return root
+
+
+@pytest.fixture(scope="session")
+def d2_run(tmp_path_factory):
+    return trained_detectron2(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def seg_run(tmp_path_factory):
+    return trained_mmseg(tmp_path_factory)
+
+
+def load_demo():
+    spec = importlib.util.spec_from_file_location("demo", os.path.join(ROOT, "tools", "demo.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rgb(path):
+    return np.asarray(Image.open(path).convert("RGB"))
+
+
+def d2_val_images(d2_run):
+    folder = d2_run / "data" / "coco" / "val2017"
+    return folder, sorted(os.listdir(folder))
+
+
+def test_detectron2_demo_draws_and_saves_coco_results(d2_run, tmp_path):
+    """The demo as a user runs it, on the run's saved config: one drawing per image, COCO
+    results whose masks decode to the image's size, and drawn pixels inside every predicted mask."""
+    folder, names = d2_val_images(d2_run)
+    out = tmp_path / "demo"
+    proc, log = run(tmp_path, os.path.join(ROOT, "tools", "demo.py"), str(d2_run / "out" / "config.yaml"),
+                    "--checkpoint", str(d2_run / "out" / "model_final.pth"), "--input", str(folder),
+                    "--output", str(out), "--score-threshold", str(LOW), "--save-raw")
+    assert proc.returncode == 0, log[-3000:]
+    assert sorted(os.listdir(out)) == sorted([n.replace(".jpg", ".png") for n in names] + ["predictions.json"])
+
+    results = json.load(open(out / "predictions.json"))
+    assert results, "a low threshold must leave predictions"
+    coco_ids = {c["id"] for c in json.load(open(d2_run / "data" / "coco" / "annotations" / "instances_val2017.json"))
+                ["categories"]}
+    for image_id, name in enumerate(names):
+        image = rgb(folder / name)
+        drawn = rgb(out / name.replace(".jpg", ".png"))
+        assert drawn.shape == image.shape
+        mine = [r for r in results if r["image_id"] == image_id]
+        assert mine and {r["file_name"] for r in mine} == {name}
+        h, w = image.shape[:2]
+        union = np.zeros((h, w), dtype=bool)
+        for r in mine:
+            assert r["category_id"] in coco_ids and LOW < r["score"] <= 1
+            x, y, bw, bh = r["bbox"]
+            assert -1 <= x and -1 <= y and x + bw <= w + 1 and y + bh <= h + 1
+            assert r["segmentation"]["size"] == [h, w]
+            union |= mask_util.decode(r["segmentation"]).astype(bool)
+        changed = (drawn != image).any(-1)
+        assert union.any() and changed[union].mean() > 0.5, (name, changed[union].mean())
+
+
+def test_mmseg_demo_draws_the_label_map_it_saves(seg_run, tmp_path):
+    """On the run's own dumped config (framework found from its text): a label PNG of the
+    image's size per image, and the drawing is mmseg's blend of the image with the palette
+    colour of exactly those labels, but where class names are written (a few-iteration model
+    predicts many small regions, each named)."""
+    from mmseg.datasets import ADE20KDataset
+
+    folder = seg_run / "datasets" / "ade" / "ADEChallengeData2016" / "images" / "validation"
+    out = tmp_path / "demo"
+    load_demo().main([str(seg_run / "work" / "upernet_srvit_tiny_cpu.py"), "--checkpoint",
+                      str(seg_run / "work" / "iter_4.pth"), "--input", str(folder / "*.jpg"), "--output", str(out),
+                      "--save-raw", "--opacity", "0.5"])
+    names = sorted(os.listdir(folder))
+    assert sorted(os.listdir(out)) == sorted([n.replace(".jpg", ".png") for n in names] + ["labels"])
+    palette = np.array(ADE20KDataset.METAINFO["palette"])
+    for name in names:
+        image = rgb(folder / name)
+        labels = np.asarray(Image.open(out / "labels" / name.replace(".jpg", ".png")))
+        assert labels.shape == image.shape[:2] and labels.dtype == np.uint8 and labels.max() < 150
+        drawn = rgb(out / name.replace(".jpg", ".png"))
+        blended = (drawn == (image * 0.5 + palette[labels] * 0.5).astype(np.uint8)).all(-1)
+        assert blended.mean() > 0.75
+        for label in np.unique(labels):
+            if (labels == label).mean() > 0.05:  # large regions: their name covers a small part
+                assert blended[labels == label].mean() > 0.5, label
+        assert (drawn != image).any(-1).mean() > 0.9
+
+
+def test_score_threshold_is_the_lowest_score_returned(d2_run):
+    """--score-threshold sets the detector's own test threshold: raised to the median score of
+    what a LOW threshold returns, exactly the detections scoring above it remain."""
+    folder, names = d2_val_images(d2_run)
+    scores = {}
+    for threshold in (LOW, "median"):
+        if threshold == "median":
+            threshold = float(scores[LOW].median())
+        detector = load_demo().Detectron2Demo(D2_QUICKSTART, str(d2_run / "out" / "model_final.pth"),
+                                              score_threshold=threshold, opts=TEST_SIZE)
+        scores[threshold] = detector.predict(str(folder / names[0]))[1].scores
+        assert len(scores[threshold]) and (scores[threshold] > threshold).all()
+    low, median = scores.values()
+    assert torch.equal(median, low[low > low.median()])
+
+
+def test_segmentor_checkpoint_without_dataset_meta_takes_the_configs_classes(seg_run, tmp_path):
+    """A checkpoint with weights only (no mmengine meta) is drawn with the classes and palette of
+    the config's test dataset, not mmseg's Cityscapes default."""
+    from mmseg.datasets import ADE20KDataset
+
+    saved = torch.load(seg_run / "work" / "iter_4.pth", map_location="cpu", weights_only=True)
+    assert saved["meta"]["dataset_meta"]["classes"] == ADE20KDataset.METAINFO["classes"]
+    torch.save({"state_dict": saved["state_dict"]}, tmp_path / "weights.pth")
+    segmentor = load_demo().MMSegDemo(SEG_QUICKSTART, str(tmp_path / "weights.pth"))
+    assert segmentor.visualizer.dataset_meta == {k: ADE20KDataset.METAINFO[k] for k in ("classes", "palette")}
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16 (AVX512-BF16 or AMX)")
+def test_amp_on_the_cpu_runs_bf16(d2_run, seg_run):
+    """--amp: the backbones' matrix products run in bf16; what the demo returns is float32 and drawable."""
+    demo = load_demo()
+    folder, names = d2_val_images(d2_run)
+    dtypes = []
+
+    def record(module, inputs, output):
+        dtypes.append(output.dtype)
+
+    detector = demo.Detectron2Demo(D2_QUICKSTART, str(d2_run / "out" / "model_final.pth"), amp=True,
+                                   score_threshold=LOW, opts=TEST_SIZE)
+    detector.model.backbone.net.srvit.units[1].blocks[0].attn.qkv.register_forward_hook(record)
+    image, instances = detector.predict(str(folder / names[0]))
+    assert dtypes and set(dtypes) == {torch.bfloat16}
+    assert len(instances) and instances.scores.dtype == instances.pred_boxes.tensor.dtype == torch.float32
+    assert detector.draw(image, instances).shape == image.shape
+
+    dtypes.clear()
+    segmentor = demo.MMSegDemo(SEG_QUICKSTART, str(seg_run / "work" / "iter_4.pth"), amp=True)
+    segmentor.model.backbone.srvit.units[1].blocks[0].attn.qkv.register_forward_hook(record)
+    path = next((seg_run / "datasets" / "ade" / "ADEChallengeData2016" / "images" / "validation").iterdir())
+    image, labels = segmentor.predict(str(path))
+    assert dtypes and set(dtypes) == {torch.bfloat16}
+    assert labels.shape == image.shape[:2]
+    assert segmentor.draw(image, labels).shape == image.shape
+
+
+def test_amp_without_native_bf16_is_explained(d2_run, tmp_path, monkeypatch):
+    import srvit_backbones.amp
+
+    monkeypatch.setattr(srvit_backbones.amp, "cpu_has_native_bf16", lambda: False)
+    folder, _ = d2_val_images(d2_run)
+    with pytest.raises(SystemExit, match="no native bf16.*run without --amp"):
+        load_demo().main([D2_QUICKSTART, "--checkpoint", str(d2_run / "out" / "model_final.pth"), "--input",
+                          str(folder), "--output", str(tmp_path), "--device", "cpu", "--amp"])
+
+
+def bad_inputs(d2_run, seg_run, tmp_path):
+    d2_ckpt, seg_ckpt = str(d2_run / "out" / "model_final.pth"), str(seg_run / "work" / "iter_4.pth")
+    images = str(d2_val_images(d2_run)[0])
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("not an image")
+    (tmp_path / "neither.py").write_text("x = 1\n")
+    pretrained = str(tmp_path / "pretrained.pth")  # what tools/pretrain.py writes: a backbone only
+    torch.save({"model": create_srvit("srvit_t_t2", img_size=128, embed_dim=64, num_heads=2).state_dict()},
+               pretrained)
+    cfg = get_cfg()
+    add_srvit_config(cfg)
+    (tmp_path / "yacs.yaml").write_text(cfg.dump())
+    out = ["--output", str(tmp_path / "out")]
+    seg = ["quickstart/upernet_srvit_tiny_cpu.py", "--input", images, *out]
+    return {
+        "missing checkpoint": ([D2_QUICKSTART, "--checkpoint", "missing.pth", "--input", images, *out],
+                               "'missing.pth' does not exist: train one with tools/train_net.py"),
+        "not a checkpoint": ([D2_QUICKSTART, "--checkpoint", str(tmp_path / "neither.py"), "--input", images, *out],
+                             "neither.py is not a PyTorch checkpoint"),
+        "no images": ([D2_QUICKSTART, "--checkpoint", d2_ckpt, "--input", str(tmp_path / "empty"), *out],
+                      "no images found in --input"),
+        "missing input": ([D2_QUICKSTART, "--checkpoint", d2_ckpt, "--input", "nowhere/", *out],
+                          "--input 'nowhere/' does not exist"),
+        # trained at 128 pixels, the shipped config is 192: another position table
+        "detector of another size": ([D2_QUICKSTART, "--checkpoint", d2_ckpt, "--input", images, *out],
+                                     r"does not fit the detectron2 config's model:\n  another shape, checkpoint vs "
+                                     r"model \(1\): backbone.net.srvit.pos_embed \(1, 65, 64\) vs \(1, 145, 64\)\n"
+                                     r"Fix: give the model_final.pth"),
+        "pretraining checkpoint for a detector": (
+            [D2_QUICKSTART, "--checkpoint", pretrained, "--input", images, *out],
+            r"(?s)does not fit the detectron2 config's model:\n  missing from the checkpoint \(\d+\): .*\n  not in "
+            r"the model \(\d+\): .*pos_embed.*a pretraining checkpoint holds only the backbone"),
+        "detector checkpoint for a segmentor": (
+            [*seg, "--checkpoint", d2_ckpt], r"holds no mmseg weights \(nothing under 'state_dict'; it holds model, "
+                                             r"trainer, iteration\)\. Fix: give the iter_N.pth"),
+        "segmentor of another width": ([*seg, "--checkpoint", seg_ckpt, "--opts", "model.decode_head.channels=16"],
+                                       r"does not fit the mmseg config's model:\n  another shape, checkpoint vs "
+                                       r"model \(\d+\): decode_head.*\(32, 64, 1, 1\) vs \(16, 64, 1, 1\)"),
+        "unknown config": (["mask_rcnn_srvit_q.py", "--checkpoint", d2_ckpt, "--input", images, *out],
+                           "config 'mask_rcnn_srvit_q.py' not found: neither a file nor a shipped config"),
+        "yacs config": ([str(tmp_path / "yacs.yaml"), "--checkpoint", d2_ckpt, "--input", images, *out],
+                        r"yacs.yaml is not a detectron2 LazyConfig \(it has no 'model'; a yacs config\?\)"),
+        "config of neither framework": ([str(tmp_path / "neither.py"), "--checkpoint", d2_ckpt, "--input", images,
+                                         *out], "pass --framework detectron2 or --framework mmseg"),
+    }
+
+
+CASES = ["missing checkpoint", "not a checkpoint", "no images", "missing input", "detector of another size",
+         "pretraining checkpoint for a detector", "detector checkpoint for a segmentor", "segmentor of another width",
+         "unknown config", "yacs config", "config of neither framework"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_explained(d2_run, seg_run, tmp_path, case):
+    argv, message = bad_inputs(d2_run, seg_run, tmp_path)[case]
+    with pytest.raises(SystemExit, match=message):
+        load_demo().main(argv)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_cuda_without_a_gpu_is_explained(d2_run, tmp_path):
+    with pytest.raises(SystemExit, match="--device cuda, but no CUDA GPU is visible: run with --device cpu"):
+        load_demo().main([D2_QUICKSTART, "--checkpoint", str(d2_run / "out" / "model_final.pth"), "--input",
+                          str(d2_val_images(d2_run)[0]), "--output", str(tmp_path), "--device", "cuda"])
