@@ -325,3 +325,26 @@ def test_windowed_unit_without_the_grid_is_a_clear_error():
         unit(torch.randn(1, 17, 32), hw=(4, 4))
     with pytest.raises(ValueError, match=r"window_sizes needs 2 integers >= 0"):
         SoftMoRUnit(tiny().units[1].blocks, num_steps=1, window_sizes=[2, -2])
+
+
+@pytest.mark.parametrize("chunk", [1, 9, 20, 10_000])
+def test_chunked_relative_position_attention_equals_the_whole_bias(chunk):
+    """Queries in chunks of whole grid rows give timm's (detectron2's) whole-bias attention,
+    forward and backward, also with a table of another length (interpolated)."""
+    from timm.models.vision_transformer_sam import get_decomposed_rel_pos_bias
+
+    from srvit_backbones.models.window import rel_pos_attention
+
+    torch.manual_seed(0)
+    B, heads, h, w, C = 2, 3, 7, 5, 8
+    q, k, v = (torch.randn(B, heads, h * w, C, requires_grad=True) for _ in range(3))
+    for rel_h, rel_w in [(torch.randn(2 * h - 1, C), torch.randn(2 * w - 1, C)),
+                         (torch.randn(5, C), torch.randn(27, C))]:
+        rel_h.requires_grad_(), rel_w.requires_grad_()
+        bias = get_decomposed_rel_pos_bias(q.reshape(B * heads, h * w, C), rel_h, rel_w, (h, w), (h, w))
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.view(B, heads, h * w, h * w))
+        got = rel_pos_attention(q, k, v, rel_h, rel_w, (h, w), 0.0, chunk)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+        grads = torch.autograd.grad(expected.square().sum(), (q, k, v, rel_h, rel_w))
+        for a, b in zip(torch.autograd.grad(got.square().sum(), (q, k, v, rel_h, rel_w)), grads):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

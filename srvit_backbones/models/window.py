@@ -13,10 +13,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Attention, register_notrace_function
-from timm.models.vision_transformer_sam import get_decomposed_rel_pos_bias, window_partition, window_unpartition
+from timm.models.vision_transformer_sam import get_rel_pos, window_partition, window_unpartition
 
-# a leaf for FX, here where RelPosAttention calls it: it sizes the tables from the grid in Python
-torch.fx.wrap("get_decomposed_rel_pos_bias")
+#: query tokens per attention call with relative positions: the bias is a (B, heads, queries,
+#: keys) tensor, 400 MB for all 64x64 queries of a 1024 input at 6 heads; chunks keep it at 100 MB
+REL_POS_QUERY_CHUNK = 1024
 
 #: the names of the relative-position tables of a ``RelPosAttention`` (one (h, w) pair per extent)
 REL_POS_SUFFIXES = ("rel_pos_h", "rel_pos_w")
@@ -35,6 +36,35 @@ def resize_rel_pos(table: torch.Tensor, length: int) -> torch.Tensor:
         return table
     resized = F.interpolate(table.T.unsqueeze(0).float(), size=length, mode="linear")
     return resized.squeeze(0).T.to(table.dtype)
+
+
+@register_notrace_function
+def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos_h: torch.Tensor,
+                      rel_pos_w: torch.Tensor, size: Tuple[int, int], dropout_p: float = 0.0,
+                      chunk: int = REL_POS_QUERY_CHUNK) -> torch.Tensor:
+    """Attention over (B, heads, h*w, C) tokens of a (h, w) grid with ViTDet's decomposed
+    relative positions (MViTv2's ``add_decomposed_rel_pos``: the bias of query i and key j is
+    q_i . R_h[row_i - row_j] + q_i . R_w[col_i - col_j]). timm's
+    ``get_decomposed_rel_pos_bias`` builds the whole (queries, keys) bias at once; here the
+    per-axis terms are computed once and the bias is expanded for ``chunk`` queries (whole grid
+    rows) at a time, so a global application at 1024 does not hold a 4096x4096 bias per head.
+    A leaf for FX: the chunks are a Python loop over the grid's size."""
+    B, heads, N, C = q.shape
+    q_h, q_w = size
+    r_q = q.reshape(B, heads, q_h, q_w, C)
+    rel_h = torch.einsum("bnhwc,hkc->bnhwk", r_q, get_rel_pos(q_h, q_h, rel_pos_h).to(q.dtype))
+    rel_w = torch.einsum("bnhwc,wkc->bnhwk", r_q, get_rel_pos(q_w, q_w, rel_pos_w).to(q.dtype))
+    rows = max(1, chunk // q_w)
+    out = []
+    for r0 in range(0, q_h, rows):
+        r1 = min(r0 + rows, q_h)
+        bias = (rel_h[:, :, r0:r1, :, :, None] + rel_w[:, :, r0:r1, :, None, :]).reshape(B, heads, -1, N)
+        out.append(F.scaled_dot_product_attention(q[:, :, r0 * q_w:r1 * q_w], k, v, attn_mask=bias,
+                                                  dropout_p=dropout_p))
+    return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+
+
+torch.fx.wrap("rel_pos_attention")
 
 
 class RelPosAttention(Attention):
@@ -78,9 +108,7 @@ class RelPosAttention(Attention):
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
-        bias = get_decomposed_rel_pos_bias(q.reshape(B * self.num_heads, N, self.head_dim), rel_h, rel_w, size, size)
-        x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.view(B, self.num_heads, N, N),
-                                           dropout_p=self.attn_drop.p if self.training else 0.0)
+        x = rel_pos_attention(q, k, v, rel_h, rel_w, size, self.attn_drop.p if self.training else 0.0)
         x = self.norm(x.transpose(1, 2).reshape(B, N, self.attn_dim))
         return self.proj_drop(self.proj(x))
 
