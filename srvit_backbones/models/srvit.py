@@ -370,7 +370,8 @@ class SRViT(nn.Module):
         """The features dense heads take by default (see ``default_out_indices``)."""
         if self.step_features:
             return quarter_indices(len(self.feature_points))
-        return self.recursive_unit_indices
+        defaults = default_out_indices(self.layout, self.num_steps, self.ordinary_blocks)
+        return tuple(i for i in defaults if i < len(self.feature_points))  # a pruned model: those it has
 
     # ----------------------------------------------------------------- recursion depth, merging
     def set_num_steps(self, num_steps: int):
@@ -590,8 +591,8 @@ class SRViT(nn.Module):
         """Dense-prediction features as NCHW stride-16 maps, keyed by ``feature_name``
         (``unit{i}``, or ``step{i}`` with ``step_features``).
 
-        ``indices`` default to ``default_feature_indices`` (the recursive units; bViT's
-        quarter steps). ``last_feat`` (the last block's output, no final norm: the ViTDet
+        ``indices`` default to ``default_feature_indices`` (the recursive units; DeiT's layers
+        3/6/9/12; bViT's quarter steps). ``last_feat`` (the last block's output, no final norm: the ViTDet
         Simple Feature Pyramid input) is always included. With ``return_mixture``,
         ``mixture{i}`` holds unit i's (B, T, h, w) mixture weights.
         """
