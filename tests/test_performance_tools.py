@@ -1,5 +1,6 @@
 """torch.compile of the core model, the mixture visualisation, and the benchmark tool
 (which is exercised, never timed, here)."""
+import argparse
 import importlib.util
 import json
 import os
@@ -10,7 +11,8 @@ import pytest
 import torch
 import torch._dynamo
 
-from srvit_backbones import SRViT
+from srvit_backbones import SRViT, create_srvit
+from srvit_backbones.amp import cpu_has_native_bf16
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -124,3 +126,105 @@ def test_benchmark_keeps_freed_memory_instead_of_faulting_it_in_every_step():
     # the default trims the freed buffers back to the kernel in some or all of the steps
     # (seen: one step's worth or all five), the setting at most once
     assert kept < pages // 20 and default > 10 * max(kept, 100), (default, kept, pages)
+
+
+TINY = "embed_dim=64,num_heads=2"  # core arguments that make any --model tiny
+
+
+def test_benchmark_variants_build_with_their_arguments_and_compare_with_the_first(tmp_path):
+    bench = load("benchmark")
+    argv = ["--model", "srvit_t_t2", "--size", "64", "--batch-size", "1", "--warmup", "0", "--repeats", "2",
+            "--references", "--modes", "infer", "--default-malloc", "--json", str(tmp_path / "b.json"),
+            "--variant", f"global:{TINY}",
+            "--variant", f"win:{TINY},window_size=2,use_rel_pos=True,global_attn_indexes=(0, 13)"]
+    rows = bench.main(argv)["rows"]
+    assert [(r["variant"], r["mode"]) for r in rows] == [("global", "infer"), ("win", "infer")]
+    assert rows[1]["model_args"] == dict(embed_dim=64, num_heads=2, window_size=2, use_rel_pos=True,
+                                         global_attn_indexes=(0, 13))
+    # the timed models are the ones these arguments build: the windowed one carries
+    # relative-position tables and no class token, so its parameter count differs
+    win = create_srvit("srvit_t_t2", img_size=64, num_classes=0, **rows[1]["model_args"])
+    assert win.window_size == 2 and any(win.units[1].window_sizes)
+    assert rows[1]["params_m"] == sum(p.numel() for p in win.parameters()) / 1e6 != rows[0]["params_m"]
+    (c,) = json.loads((tmp_path / "b.json").read_text())["comparisons"]
+    assert (c["a"], c["b"]) == ("srvit_t_t2[win] infer", "srvit_t_t2[global] infer")
+    assert c["params_diff_m"] == pytest.approx(rows[1]["params_m"] - rows[0]["params_m"])
+    assert c["time_ratios"] == [a / b for a, b in zip(rows[1]["times_s"], rows[0]["times_s"])]
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("win", "expected NAME:key=value"),
+    ("win:window_size=", "expected NAME:key=value"),
+    ("win:14", "every argument needs a name"),
+    ("win:window_size=fourteen", "not a Python literal"),
+    ("win:window_sise=14", "'window_sise' is not an SRViT argument"),
+    ("win:img_size=512", "img_size is set by the benchmark"),
+    ("win:window_size=-1", "srvit_t_t2 refuses {'window_size': -1}: window_size must be an integer >= 0"),
+])
+def test_benchmark_refuses_bad_variants_with_the_fix(spec, message):
+    with pytest.raises(SystemExit) as e:
+        load("benchmark").main(["--model", "srvit_t_t2", "--size", "32", "--variant", spec])
+    assert message in str(e.value)
+
+
+def test_benchmark_refuses_repeated_variant_names_and_variants_of_a_detector():
+    bench = load("benchmark")
+    for argv, message in ((["--variant", "a:", "--variant", "a:window_size=2"], "--variant names must differ"),
+                          (["--detector", "mask_rcnn_srvit_s_t3.py", "--variant", "a:"], "--detector-opts")):
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--model", "srvit_t_t2", "--size", "32"] + argv)
+        assert message in str(e.value)
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16")
+def test_benchmark_amp_rows_record_their_dtype_and_pair_with_fp32():
+    result = load("benchmark").main(["--model", "srvit_t_t2", "--size", "32", "--batch-size", "1", "--warmup", "0",
+                                     "--repeats", "2", "--references", "--modes", "train", "--amp", "both",
+                                     "--variant", f"tiny:{TINY}", "--default-malloc"])
+    assert [(r["amp"], r["amp_dtype"]) for r in result["rows"]] == [(False, None), (True, "bfloat16")]
+    assert result["method"]["amp_dtype"] == "bfloat16"
+    assert [(c["a"], c["b"]) for c in result["comparisons"]] == [("srvit_t_t2[tiny] train bf16",
+                                                                 "srvit_t_t2[tiny] train")]
+
+
+def test_benchmark_amp_on_a_cpu_without_bf16_says_so(monkeypatch):
+    import srvit_backbones.amp
+    monkeypatch.setattr(srvit_backbones.amp, "cpu_has_native_bf16", lambda: False)  # a CPU without it
+    with pytest.raises(SystemExit) as e:
+        load("benchmark").main(["--model", "srvit_t_t2", "--size", "32", "--device", "cpu", "--amp"])
+    assert "no native bf16" in str(e.value) and "run without --amp" in str(e.value)
+
+
+TINY_DETECTOR_OPTS = ["model.backbone.square_pad=64", "model.backbone.net.img_size=64"]
+
+
+def test_benchmark_detector_mode_times_whole_training_steps_of_configs(tmp_path):
+    bench = load("benchmark")
+    argv = ["--detector", "quickstart/mask_rcnn_srvit_tiny_cpu.py", "quickstart/mask_rcnn_srvit_tiny_win_cpu.py",
+            "--detector-opts", *TINY_DETECTOR_OPTS, "--batch-size", "1", "--warmup", "0", "--repeats", "1",
+            "--modes", "train", "--default-malloc"]
+    result = bench.main(argv)
+    rows = result["rows"]
+    assert [(os.path.basename(r["name"]), r["kind"], r["mode"], r["size"]) for r in rows] == [
+        ("mask_rcnn_srvit_tiny_cpu.py", "detectron2", "train", 64),
+        ("mask_rcnn_srvit_tiny_win_cpu.py", "detectron2", "train", 64)]
+    assert all(r["median_s"] > 0 and r["peak_mib"] > 0 for r in rows) and "detectron2" in result["machine"]
+    (c,) = result["comparisons"]
+    assert (c["a"], c["b"]) == ("mask_rcnn_srvit_tiny_win_cpu train", "mask_rcnn_srvit_tiny_cpu train")
+    assert c["params_diff_m"] > 0  # the windowed backbone's relative-position tables
+
+    # one step is forward, backward and the config's optimizer step, on the synthetic batch
+    job = dict(kind="detectron2", name="quickstart/mask_rcnn_srvit_tiny_cpu.py", overrides=TINY_DETECTOR_OPTS, mode="train",
+               grad_checkpointing=True, amp=False, amp_dtype=None)
+    step, model, size = bench.make_detector_step(job, argparse.Namespace(batch_size=2), torch.device("cpu"))
+    assert size == 64 and model.backbone.net.srvit.grad_checkpointing
+    weight = model.roi_heads.mask_head.predictor.weight
+    before = weight.detach().clone()
+    step()
+    assert not torch.equal(before, weight) and weight.grad is None
+
+
+def test_benchmark_detector_mode_refuses_unknown_configs():
+    with pytest.raises(SystemExit) as e:
+        load("benchmark").main(["--detector", "no_such_config.py"])
+    assert "'no_such_config.py' not found" in str(e.value)

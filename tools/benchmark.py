@@ -1,10 +1,27 @@
 #!/usr/bin/env python
 """Speed and memory of SR-ViT against timm's ViT of the same width and depth = D_eff (the
-physical reference: same number of block applications) and timm's DeiT-S / DeiT-B.
+physical reference: same number of block applications) and timm's DeiT-S / DeiT-B; of
+variants of one SR-ViT side by side; and of whole Mask R-CNN training steps.
 
     python tools/benchmark.py --model srvit_s_t3 --size 224 --batch-size 8
     python tools/benchmark.py --model srvit_s_t4 --size 1024 --batch-size 1 --modes train \\
         --grad-checkpointing both --references --json docs/bench_s_t4_1024.json
+    python tools/benchmark.py --model srvit_s_t3 --size 1024 --batch-size 1 --references \\
+        --variant global: --variant win:window_size=14,use_rel_pos=True
+    python tools/benchmark.py --detector mask_rcnn_srvit_s_t3.py mask_rcnn_deit_s.py --batch-size 1
+    python tools/benchmark.py --model srvit_s_t3 --modes infer --references --amp both
+
+Variants: ``--variant NAME:key=value,...`` builds ``--model`` with those core (``SRViT``)
+arguments, values read as Python literals (``global_attn_indexes=(0, 31)``); several
+``--variant`` run interleaved and each is compared with the first, with its parameter count.
+Detector mode (``--detector CONFIG ...``): each detectron2 LazyConfig is built as
+tools/train_net.py builds it (``load_config`` + ``instantiate``, the config's optimizer) and
+steps on a synthetic batch at the config's input size (``model.backbone.square_pad``): images
+with a few boxes and polygon masks, as the COCO mapper yields them. A training step is
+forward, backward and optimizer step; ``--grad-checkpointing`` sets the backbone's
+``use_act_checkpoint``. ``--amp`` is ``srvit_backbones.amp``'s autocast (fp16 on CUDA, bf16 on
+a CPU with native bf16, a clear error on one without); ``--amp both`` interleaves it with
+fp32. No loss scaling: the steps are timed, not trained to convergence.
 
 Timing: all models of a mode are built in one process and warmed up; then the timed
 repeats are interleaved: in every round each model runs one step in turn, in alternating
@@ -17,12 +34,15 @@ On Linux/glibc the timing process keeps freed memory (see ``keep_freed_memory``)
 a step's activations can be handed back to the kernel and faulted in again, which costs time
 and scatters it.
 Peak memory: each model in a process of its own (CPU: growth of the peak resident set,
-parameters and AdamW state included; GPU: max allocated), so the figure is that model's alone.
+parameters and optimizer state included; GPU: max allocated), so the figure is that model's alone.
 The table shows medians and spreads (min-max); --json writes every repeat and the command.
 """
 import argparse
+import ast
 import ctypes
 import functools
+import importlib.util
+import inspect
 import json
 import os
 import platform
@@ -37,9 +57,13 @@ import timm
 import torch
 
 import srvit_backbones  # noqa: F401  (registers the SR-ViT variants)
+from srvit_backbones import SRViT, amp
 from srvit_backbones.models import VARIANTS
 
 REFERENCE_SAME_DEPTH = "vit_same_depth"
+SUBJECTS = ("srvit", "detectron2")  # what is measured; the other kinds are references
+SET_BY_TOOL = ("img_size", "num_classes")  # core arguments the benchmark sets itself
+SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
 
 
 # ---------------------------------------------------------------- the timing process
@@ -68,8 +92,40 @@ def minor_page_faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+# ---------------------------------------------------------------- variants of the core model
+def parse_variant(spec):
+    """``NAME:key=value,...`` -> (NAME, {key: value}); values are Python literals. Raises
+    ValueError naming the problem and the expected form."""
+    form = "expected NAME:key=value,... (e.g. win:window_size=14,use_rel_pos=True; 'global:' for no arguments)"
+    name, sep, rest = spec.partition(":")
+    name = name.strip()
+    if not sep or not name or not all(c.isalnum() or c in "_.-" for c in name):
+        raise ValueError(f"--variant {spec!r}: {form}")
+    try:
+        call = ast.parse(f"f({rest})", mode="eval").body
+    except SyntaxError as e:
+        raise ValueError(f"--variant {spec!r}: {e.msg}; {form}") from None
+    if call.args or any(kw.arg is None for kw in call.keywords):
+        raise ValueError(f"--variant {spec!r}: every argument needs a name; {form}")
+    kwargs = {}
+    for kw in call.keywords:
+        try:
+            kwargs[kw.arg] = ast.literal_eval(kw.value)
+        except ValueError:
+            raise ValueError(f"--variant {spec!r}: the value of {kw.arg} is not a Python literal "
+                             f"({ast.unparse(kw.value)}); quote strings: {kw.arg}='...'") from None
+    known = [p for p in inspect.signature(SRViT).parameters if p not in SET_BY_TOOL]
+    for key in kwargs:
+        if key in SET_BY_TOOL:
+            raise ValueError(f"--variant {spec!r}: {key} is set by the benchmark (--size, and a 1000-class head "
+                             f"only at 224); leave it out")
+        if key not in known:
+            raise ValueError(f"--variant {spec!r}: {key!r} is not an SRViT argument; known: {', '.join(known)}")
+    return name, kwargs
+
+
 # ---------------------------------------------------------------- models and their steps
-def build(kind, name, size, grad_ckpt):
+def build(kind, name, size, grad_ckpt, model_args=None):
     num_classes = 1000 if size == 224 else 0
     if kind == REFERENCE_SAME_DEPTH:
         ref = timm.create_model(name, img_size=size, num_classes=0)
@@ -77,26 +133,29 @@ def build(kind, name, size, grad_ckpt):
             img_size=size, patch_size=16, embed_dim=ref.embed_dim, depth=ref.effective_depth,
             num_heads=ref.units[0].blocks[0].attn.num_heads, num_classes=num_classes)
     else:
-        model = timm.create_model(name, img_size=size, num_classes=num_classes)
+        model = timm.create_model(name, img_size=size, num_classes=num_classes, **(model_args or {}))
     model.set_grad_checkpointing(grad_ckpt)
     return model
 
 
-def make_step(model, args, mode, device):
+def autocast(job, device):
+    return amp.autocast(str(device), job["amp"], getattr(torch, job["amp_dtype"]) if job["amp"] else None)
+
+
+def make_step(model, job, args, device):
     x = torch.randn(args.batch_size, 3, args.size, args.size, device=device)
-    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)
-    if mode == "infer":
+    if job["mode"] == "infer":
         model.eval()
 
         def step():
-            with torch.inference_mode(), amp:
+            with torch.inference_mode(), autocast(job, device):
                 model(x)
         return step
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step():
-        with amp:
+        with autocast(job, device):
             out = model(x)
         out.float().square().mean().backward()
         optimizer.step()
@@ -104,17 +163,97 @@ def make_step(model, args, mode, device):
     return step
 
 
+# ---------------------------------------------------------------- detector mode (detectron2)
+@functools.lru_cache(maxsize=None)
+def _train_net():
+    """tools/train_net.py, loaded by path (imported only in detector mode: it needs detectron2)."""
+    spec = importlib.util.spec_from_file_location("srvit_train_net", os.path.join(os.path.dirname(
+        os.path.abspath(__file__)), "train_net.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def detector_config(job):
+    """The config as tools/train_net.py loads it, with the job's overrides."""
+    opts = list(job["overrides"]) + (["model.backbone.net.use_act_checkpoint=True"] if job["grad_checkpointing"] else [])
+    cfg = _train_net().load_config(argparse.Namespace(config_file=job["name"], opts=opts))
+    size = cfg.model.backbone.get("square_pad") if "backbone" in cfg.model else None
+    if not isinstance(size, int) or size <= 0:
+        raise ValueError(f"--detector {job['name']}: the detector mode needs model.backbone.square_pad (the ViTDet "
+                         f"input size; the images are made that size), got {size!r}: use a config with a "
+                         f"SimpleFeaturePyramid backbone such as detectron2_configs/mask_rcnn_srvit_s_t3.py")
+    return cfg, size
+
+
+def synthetic_detection_batch(batch_size, size):
+    """Images with four instances each (boxes, classes, polygon masks), as detectron2's COCO
+    mapper yields them (uint8 CHW image, ``Instances`` with polygon ``gt_masks``)."""
+    from detectron2.structures import Instances, PolygonMasks
+    g = torch.Generator().manual_seed(0)
+    shapes = [(0.10, 0.10, 0.40, 0.50), (0.50, 0.20, 0.90, 0.60), (0.20, 0.60, 0.50, 0.90), (0.60, 0.65, 0.85, 0.95)]
+    batch = []
+    for _ in range(batch_size):
+        polygons = [[[x0 * size, y0 * size, x1 * size, y0 * size, (x0 + x1) / 2 * size, y1 * size]]
+                    for x0, y0, x1, y1 in shapes]  # triangles
+        masks = PolygonMasks(polygons)
+        instances = Instances((size, size), gt_boxes=masks.get_bounding_boxes(),
+                              gt_classes=torch.tensor([1, 2, 3, 4]), gt_masks=masks)
+        batch.append({"image": torch.randint(0, 256, (3, size, size), dtype=torch.uint8, generator=g),
+                      "instances": instances, "height": size, "width": size})
+    return batch
+
+
+def make_detector_step(job, args, device):
+    """(step, model, input size) of a detectron2 config; the model moves the inputs to its device."""
+    from detectron2.config import instantiate
+    from detectron2.utils.events import EventStorage
+    cfg, size = detector_config(job)
+    model = instantiate(cfg.model).to(device)
+    batch = synthetic_detection_batch(args.batch_size, size)
+    if job["mode"] == "infer":
+        model.eval()
+        images = [{k: v for k, v in x.items() if k != "instances"} for x in batch]
+
+        def step():
+            with torch.inference_mode(), autocast(job, device):
+                model(images)
+        return step, model, size
+    model.train()
+    cfg.optimizer.params.model = model
+    optimizer = instantiate(cfg.optimizer)
+
+    def step():
+        with EventStorage(), autocast(job, device):  # the detector logs training statistics
+            losses = model(batch)
+        sum(loss.float() for loss in losses.values()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step, model, size
+
+
+def build_job(job, args, device):
+    """(step, parameters in millions, input size) of one job."""
+    if job["kind"] == "detectron2":
+        step, model, size = make_detector_step(job, args, device)
+    else:
+        model = build(job["kind"], job["name"], args.size, job["grad_checkpointing"], job.get("model_args")).to(device)
+        step, size = make_step(model, job, args, device), args.size
+    return step, sum(p.numel() for p in model.parameters()) / 1e6, size
+
+
 def time_interleaved(jobs, args, device):
     """Build every job's model in this process and warm each up; then run ``args.repeats``
     rounds of one step per model, alternating the order every round (A B C, C B A, ...)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    steps, params_m = [], []
+    steps, params_m, sizes = [], [], []
     for job in jobs:
-        model = build(job["kind"], job["name"], args.size, job["grad_checkpointing"]).to(device)
-        steps.append(make_step(model, args, job["mode"], device))
-        params_m.append(sum(p.numel() for p in model.parameters()) / 1e6)
+        step, n, size = build_job(job, args, device)
+        steps.append(step)
+        params_m.append(n)
+        sizes.append(size)
         for _ in range(args.warmup):
-            steps[-1]()
+            step()
         sync()
     times = [[] for _ in jobs]
     started = [[] for _ in jobs]
@@ -129,8 +268,8 @@ def time_interleaved(jobs, args, device):
             times[i].append(time.perf_counter() - t0)
             faults[i].append(minor_page_faults() - f0)
     rows = []
-    for job, n, t, s, f in zip(jobs, params_m, times, started, faults):
-        rows.append(dict(job, params_m=n, size=args.size, batch_size=args.batch_size, amp=args.amp, times_s=t, step_started=s,
+    for job, n, size, t, s, f in zip(jobs, params_m, sizes, times, started, faults):
+        rows.append(dict(job, params_m=n, size=size, batch_size=args.batch_size, times_s=t, step_started=s,
                          median_s=statistics.median(t), min_s=min(t), max_s=max(t),
                          img_per_s=args.batch_size / statistics.median(t), minor_page_faults=f))
     return rows
@@ -140,9 +279,9 @@ def peak_memory_worker(args):
     """In a process of its own: build, run two steps (the second one with the optimizer state
     that the first created), print the peak memory."""
     device = torch.device(args.device)
+    job = ast.literal_eval(args.job)
     rss_before = peak_rss_mib()
-    model = build(args.kind, args.name, args.size, args.grad_checkpointing).to(device)
-    step = make_step(model, args, args.mode, device)
+    step = build_job(job, args, device)[0]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     for _ in range(2):
@@ -166,19 +305,24 @@ def peak_rss_mib():
 
 
 def measure_peak_memory(job, args):
-    argv = [sys.executable, os.path.abspath(__file__), "--memory-worker", "--kind", job["kind"],
-            "--name", job["name"], "--mode", job["mode"],
-            "--grad-checkpointing", "on" if job["grad_checkpointing"] else "off", "--size", str(args.size),
-            "--batch-size", str(args.batch_size), "--device", args.device]
-    out = subprocess.run(argv + (["--amp"] if args.amp else []), capture_output=True, text=True)
+    argv = [sys.executable, os.path.abspath(__file__), "--memory-worker", "--job", repr(job),
+            "--size", str(args.size), "--batch-size", str(args.batch_size), "--device", args.device]
+    out = subprocess.run(argv, capture_output=True, text=True)
     if out.returncode:
         sys.exit(f"peak-memory measurement failed ({label(job)}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# ---------------------------------------------------------------- comparisons and report
 def label(row):
-    name = f"timm ViT depth={_deff(row['name'])}" if row["kind"] == REFERENCE_SAME_DEPTH else row["name"]
-    return f"{name} {row['mode']}" + (" ckpt" if row["grad_checkpointing"] else "")
+    if row["kind"] == REFERENCE_SAME_DEPTH:
+        name = f"timm ViT depth={_deff(row['name'])}"
+    elif row["kind"] == "detectron2":
+        name = os.path.splitext(os.path.basename(row["name"]))[0]
+    else:
+        name = row["name"] + (f"[{row['variant']}]" if row.get("variant") else "")
+    return (f"{name} {row['mode']}" + (" ckpt" if row["grad_checkpointing"] else "")
+            + (f" {SHORT_DTYPE.get(row['amp_dtype'], row['amp_dtype'])}" if row["amp"] else ""))
 
 
 @functools.lru_cache(maxsize=None)
@@ -196,26 +340,63 @@ def paired_ratio(a, b):
     return dict(a=label(a), b=label(b), time_ratios=ratios, median=statistics.median(ratios),
                 ci95=(medians[49], medians[1949]), min=min(ratios), max=max(ratios),
                 best_ratio=a["min_s"] / b["min_s"],
-                peak_ratio=a["peak_mib"] / b["peak_mib"] if b["peak_mib"] else None)
+                peak_ratio=a["peak_mib"] / b["peak_mib"] if b["peak_mib"] else None,
+                params_diff_m=a["params_m"] - b["params_m"])
+
+
+def model_key(row):
+    return row["kind"], row["name"], row.get("variant"), tuple(row.get("overrides", ()))
 
 
 def comparisons(rows):
-    """SR-ViT against every reference in the same mode and checkpointing setting, and, in
-    training, SR-ViT with checkpointing against SR-ViT without it."""
+    """Within one mode: every measured model (SR-ViT variant or detector config) against every
+    reference and against the first measured model, at equal checkpointing and precision;
+    and each measured model with checkpointing against itself without, with autocast
+    against itself in fp32."""
+    subjects = [r for r in rows if r["kind"] in SUBJECTS]
+    first = model_key(subjects[0]) if subjects else None
     out = []
-    for s in (r for r in rows if r["kind"] == "srvit"):
-        for ref in rows:
-            if ref["kind"] != "srvit" and ref["mode"] == s["mode"] and ref["grad_checkpointing"] == s["grad_checkpointing"]:
-                out.append(paired_ratio(s, ref))
-        if s["grad_checkpointing"]:
-            plain = [r for r in rows if r["kind"] == "srvit" and r["mode"] == s["mode"] and not r["grad_checkpointing"]]
-            out.extend(paired_ratio(s, p) for p in plain)
+    for a in subjects:
+        for b in rows:
+            if b is a or b["mode"] != a["mode"]:
+                continue
+            same_ckpt, same_amp = a["grad_checkpointing"] == b["grad_checkpointing"], a["amp"] == b["amp"]
+            if model_key(b) == model_key(a):
+                if (same_amp and a["grad_checkpointing"] and not b["grad_checkpointing"]) or \
+                        (same_ckpt and a["amp"] and not b["amp"]):
+                    out.append(paired_ratio(a, b))
+            elif same_ckpt and same_amp and (b["kind"] not in SUBJECTS or model_key(b) == first):
+                out.append(paired_ratio(a, b))
     return out
 
 
+def report(rows, ratios):
+    width = max(len(label(r)) for r in rows) + 2
+    print(f"{'model':<{width}} {'params M':>9} {'median s':>9} {'spread s':>17} {'img/s':>8} {'peak MiB':>9}")
+    for r in rows:
+        print(f"{label(r):<{width}} {r['params_m']:>9.3f} {r['median_s']:>9.4f} {r['min_s']:>8.4f}-{r['max_s']:<8.4f} "
+              f"{r['img_per_s']:>8.2f} {r['peak_mib']:>9.0f}")
+    print("\ntime ratios: median of the per-round ratios [bootstrap 95% interval] (min-max), ratio of the best "
+          "times; throughput ratio = 1 / time ratio")
+    for c in ratios:
+        peak = f", peak memory ratio {c['peak_ratio']:.3f}" if c["peak_ratio"] else ""
+        params = f", params {c['params_diff_m']:+.3f}M" if c["params_diff_m"] else ""
+        print(f"{c['a']} / {c['b']}: {c['median']:.3f} [{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}] "
+              f"({c['min']:.3f}-{c['max']:.3f}), best {c['best_ratio']:.3f}{peak}{params}")
+
+
+# ---------------------------------------------------------------- command line
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="srvit_s_t3", help="SR-ViT variant")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME:key=value,...",
+                   help="--model with these core arguments (Python literals); repeat to compare, the first is "
+                        "the baseline; e.g. --variant global: --variant win:window_size=14,use_rel_pos=True")
+    p.add_argument("--detector", nargs="+", metavar="CONFIG",
+                   help="time whole detectron2 steps of these LazyConfigs (paths or shipped names) instead of "
+                        "backbones, at each config's input size (--model, --variant, --references, --size unused)")
+    p.add_argument("--detector-opts", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="overrides applied to every --detector config, as tools/train_net.py takes them")
     p.add_argument("--size", type=int, default=224, help="224 (classification), 512 (seg), 1024 (det)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--modes", nargs="+", default=["infer", "train"], choices=["infer", "train"])
@@ -227,20 +408,21 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per model")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds (one step per model each)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--amp", action="store_true", help="bf16 autocast")
+    p.add_argument("--amp", nargs="?", const="on", default="off", choices=["off", "on", "both"],
+                   help="autocast (fp16 on CUDA, bf16 on a CPU with native bf16); 'both': with and without")
     p.add_argument("--json", help="write results here")
     p.add_argument("--default-malloc", action="store_true",
                    help="time with the C library's default allocator settings (see keep_freed_memory)")
-    # internal: the peak-memory process of one model
+    # internal: the peak-memory process of one job
     p.add_argument("--memory-worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--kind", help=argparse.SUPPRESS)
-    p.add_argument("--name", help=argparse.SUPPRESS)
-    p.add_argument("--mode", help=argparse.SUPPRESS)
+    p.add_argument("--job", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def check_args(args):
-    errors = []
+    """Every problem with the arguments at once, each with what to do; returns the parsed
+    variants [(name, core arguments)] and the autocast dtype (None without --amp)."""
+    errors, variants, dtype = [], [], None
     if args.model not in VARIANTS:
         errors.append(f"unknown --model {args.model!r}; known: {', '.join(VARIANTS)}")
     if args.size < 16 or args.size % 16:
@@ -249,40 +431,83 @@ def check_args(args):
         errors.append("--batch-size and --repeats must be >= 1, --warmup >= 0")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         errors.append(f"--device {args.device}: CUDA is not available here; use --device cpu")
-    for ref in args.references:
-        if ref != REFERENCE_SAME_DEPTH and not timm.is_model(ref):
-            errors.append(f"--references {ref!r} is neither {REFERENCE_SAME_DEPTH} nor a timm model name")
+    elif args.amp != "off":
+        try:
+            dtype = str(amp.amp_dtype(args.device)).replace("torch.", "")
+        except ValueError as e:
+            errors.append(str(e))
+    if args.detector:
+        if args.variant:
+            errors.append("--variant changes the --model backbone; with --detector pass config overrides "
+                          "with --detector-opts (e.g. model.backbone.net.window_size=14)")
+    else:
+        for ref in args.references:
+            if ref != REFERENCE_SAME_DEPTH and not timm.is_model(ref):
+                errors.append(f"--references {ref!r} is neither {REFERENCE_SAME_DEPTH} nor a timm model name")
+        for spec in args.variant:
+            try:
+                variants.append(parse_variant(spec))
+            except ValueError as e:
+                errors.append(str(e))
+        names = [name for name, _ in variants]
+        if len(set(names)) != len(names):
+            errors.append(f"--variant names must differ, got {names}")
+    if not errors and variants:  # the core's own checks (a window size < 0, ...), before any timing
+        for name, kwargs in variants:
+            try:
+                build("srvit", args.model, args.size, False, kwargs)
+            except (TypeError, ValueError) as e:
+                errors.append(f"--variant {name}: {args.model} refuses {kwargs}: {e}")
     if errors:
         sys.exit("benchmark: " + "; ".join(errors))
+    return variants, dtype
+
+
+def make_jobs(args, variants, dtype, mode):
+    ckpt = {"off": [False], "on": [True], "both": [False, True]}[args.grad_checkpointing]
+    amps = {"off": [False], "on": [True], "both": [False, True]}[args.amp]
+    if args.detector:
+        models = [dict(kind="detectron2", name=c, overrides=list(args.detector_opts)) for c in args.detector]
+    else:
+        models = ([dict(kind="srvit", name=args.model, variant=name, model_args=kwargs) for name, kwargs in variants]
+                  or [dict(kind="srvit", name=args.model)])
+        models += [dict(kind=REFERENCE_SAME_DEPTH, name=args.model) if r == REFERENCE_SAME_DEPTH
+                   else dict(kind="timm", name=r) for r in args.references]
+    return [dict(m, mode=mode, grad_checkpointing=c, amp=a, amp_dtype=dtype if a else None)
+            for m in models for c in (ckpt if mode == "train" else [False]) for a in amps]
 
 
 def main(argv=None):
     args = parse_args(argv)
     if args.memory_worker:
-        args.grad_checkpointing = args.grad_checkpointing == "on"
         return peak_memory_worker(args)
-    check_args(args)
+    variants, dtype = check_args(args)
+    if args.detector:
+        for config in args.detector:  # a wrong name or a config without an input size, before any timing
+            try:
+                detector_config(dict(name=config, overrides=args.detector_opts, grad_checkpointing=False))
+            except ValueError as e:
+                sys.exit(f"benchmark: {e}")
     torch.manual_seed(0)
-    ckpt = {"off": [False], "on": [True], "both": [False, True]}[args.grad_checkpointing]
-    models = [("srvit", args.model)] + [(REFERENCE_SAME_DEPTH, args.model) if r == REFERENCE_SAME_DEPTH
-                                        else ("timm", r) for r in args.references]
     malloc = None if args.default_malloc else keep_freed_memory()
     rows = []
     for mode in args.modes:
-        jobs = [dict(kind=kind, name=name, mode=mode, grad_checkpointing=c)
-                for kind, name in models for c in (ckpt if mode == "train" else [False])]
+        jobs = make_jobs(args, variants, dtype, mode)
         peaks = [measure_peak_memory(job, args) for job in jobs]
         for row, peak in zip(time_interleaved(jobs, args, torch.device(args.device)), peaks):
             rows.append(dict(row, **peak))
     ratios = comparisons(rows)
     report(rows, ratios)
+    versions = dict(torch=torch.__version__, timm=timm.__version__)
+    if args.detector:
+        import detectron2
+        versions["detectron2"] = detectron2.__version__
     result = dict(command=" ".join([os.path.relpath(sys.argv[0])] + (argv if argv is not None else sys.argv[1:])),
                   machine=dict(platform=platform.platform(), processor=cpu_name(), cpus=os.cpu_count(),
-                               torch_threads=torch.get_num_threads(), torch=torch.__version__, timm=timm.__version__,
-                               device=args.device,
+                               torch_threads=torch.get_num_threads(), **versions, device=args.device,
                                gpu=torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None),
                   method=dict(time="interleaved rounds in one process", malloc=malloc or "default",
-                              peak_memory="one process per model, default allocator"),
+                              peak_memory="one process per model, default allocator", amp_dtype=dtype),
                   rows=rows, comparisons=ratios)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -297,19 +522,6 @@ def cpu_name():
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor()
-
-
-def report(rows, ratios):
-    print(f"{'model':<34} {'median s':>9} {'spread s':>17} {'img/s':>8} {'peak MiB':>9}")
-    for r in rows:
-        print(f"{label(r):<34} {r['median_s']:>9.4f} {r['min_s']:>8.4f}-{r['max_s']:<8.4f} "
-              f"{r['img_per_s']:>8.2f} {r['peak_mib']:>9.0f}")
-    print("\ntime ratios: median of the per-round ratios [bootstrap 95% interval] (min-max), ratio of the best "
-          "times; throughput ratio = 1 / time ratio")
-    for c in ratios:
-        peak = f", peak memory ratio {c['peak_ratio']:.3f}" if c["peak_ratio"] else ""
-        print(f"{c['a']} / {c['b']}: {c['median']:.3f} [{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}] "
-              f"({c['min']:.3f}-{c['max']:.3f}), best {c['best_ratio']:.3f}{peak}")
 
 
 if __name__ == "__main__":
