@@ -11,6 +11,7 @@ from srvit_backbones import load_pretrained
 from srvit_backbones.checkpoint import CheckpointError
 from srvit_backbones.layer_decay import layer_id, lr_decay_factor
 from srvit_backbones.models.merge import BipartiteMerge
+from helpers import load_tool
 
 
 def tiny_bvit(**kw):
@@ -309,9 +310,6 @@ def test_mmseg_backbone_takes_bvit_steps_and_token_merging():
 def test_merge_fidelity_tool_on_a_framework_checkpoint(tmp_path, capsys):
     """tools/merge_fidelity.py finds the backbone in a detectron2-style checkpoint and reports
     1.0 at ratio 0 and lower similarity as more tokens merge."""
-    import importlib.util
-    import os
-
     from PIL import Image
 
     torch.manual_seed(0)
@@ -324,10 +322,7 @@ def test_merge_fidelity_tool_on_a_framework_checkpoint(tmp_path, capsys):
         low = torch.rand(3, 4, 4, generator=rng)
         image = F.interpolate(low[None], size=(64, 64), mode="bilinear", align_corners=False)[0]
         Image.fromarray((image.permute(1, 2, 0).numpy() * 255).astype("uint8")).save(tmp_path / f"{i}.png")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("merge_fidelity", os.path.join(root, "tools", "merge_fidelity.py"))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("merge_fidelity")
     results = tool.main(["--model", "srvit_t_t2", "--set", "embed_dim=64", "num_heads=2", "--checkpoint",
                          str(tmp_path / "model_final.pth"), "--input", str(tmp_path), "--size", "64",
                          "--ratios", "0", "0.5", "--json", str(tmp_path / "out.json")])

@@ -1,17 +1,14 @@
 """Checkpoints load completely or fail: containers and framework prefixes are unwrapped,
 missing backbone weights raise with a short grouped report, files that are not checkpoints
 say so, and tools/convert_checkpoint.py refuses to write an incomplete file."""
-import importlib.util
 import logging
-import os
 
 import pytest
 import torch
 
 from srvit_backbones import CheckpointError, create_srvit, load_pretrained
 from srvit_backbones.checkpoint import adapt_pos_embed, group_keys, read_checkpoint
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import load_tool
 
 
 def tiny(**kw):
@@ -150,15 +147,8 @@ def test_safetensors_files_load(tmp_path):
     assert_landed(model, src.state_dict())
 
 
-def load_convert_tool():
-    spec = importlib.util.spec_from_file_location("convert", os.path.join(ROOT, "tools", "convert_checkpoint.py"))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
-
-
 def test_convert_checkpoint_refuses_an_incomplete_result(tmp_path):
-    tool = load_convert_tool()
+    tool = load_tool("convert_checkpoint")
     full = randomized(create_srvit("srvit_t_t2", num_classes=0))
     sd = {k: v for k, v in full.state_dict().items() if not k.startswith("units.3.blocks.")}
     torch.save({"state_dict": {f"backbone.srvit.{k}": v for k, v in sd.items()}}, tmp_path / "seg.pth")

@@ -1,6 +1,5 @@
 """tools/demo.py end to end: the detectron2 and mmseg quickstarts trained a few iterations
 through the real tools, then their predictions drawn, saved raw and checked against the images."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,6 +16,7 @@ import srvit_backbones.mmseg  # noqa: F401  (torch.load reads mmengine checkpoin
 from srvit_backbones import create_srvit
 from srvit_backbones.amp import cpu_has_native_bf16
 from srvit_backbones.detectron2 import add_srvit_config
+from helpers import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 D2_QUICKSTART = os.path.join(ROOT, "detectron2_configs", "quickstart", "mask_rcnn_srvit_tiny_cpu.py")
@@ -85,13 +85,6 @@ def seg_run(tmp_path_factory):
     return trained_mmseg(tmp_path_factory)
 
 
-def load_demo():
-    spec = importlib.util.spec_from_file_location("demo", os.path.join(ROOT, "tools", "demo.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def rgb(path):
     return np.asarray(Image.open(path).convert("RGB"))
 
@@ -143,7 +136,7 @@ def test_mmseg_demo_draws_the_label_map_it_saves(seg_run, tmp_path):
 
     folder = seg_run / "datasets" / "ade" / "ADEChallengeData2016" / "images" / "validation"
     out = tmp_path / "demo"
-    load_demo().main([str(seg_run / "work" / "upernet_srvit_tiny_cpu.py"), "--checkpoint",
+    load_tool("demo").main([str(seg_run / "work" / "upernet_srvit_tiny_cpu.py"), "--checkpoint",
                       str(seg_run / "work" / "iter_4.pth"), "--input", str(folder / "*.jpg"), "--output", str(out),
                       "--save-raw", "--opacity", "0.5"])
     names = sorted(os.listdir(folder))
@@ -170,7 +163,7 @@ def test_score_threshold_is_the_lowest_score_returned(d2_run):
     for threshold in (LOW, "median"):
         if threshold == "median":
             threshold = float(scores[LOW].median())
-        detector = load_demo().Detectron2Demo(D2_QUICKSTART, str(d2_run / "out" / "model_final.pth"),
+        detector = load_tool("demo").Detectron2Demo(D2_QUICKSTART, str(d2_run / "out" / "model_final.pth"),
                                               score_threshold=threshold, opts=TEST_SIZE)
         scores[threshold] = detector.predict(str(folder / names[0]))[1].scores
         assert len(scores[threshold]) and (scores[threshold] > threshold).all()
@@ -186,14 +179,14 @@ def test_segmentor_checkpoint_without_dataset_meta_takes_the_configs_classes(seg
     saved = torch.load(seg_run / "work" / "iter_4.pth", map_location="cpu", weights_only=True)
     assert saved["meta"]["dataset_meta"]["classes"] == ADE20KDataset.METAINFO["classes"]
     torch.save({"state_dict": saved["state_dict"]}, tmp_path / "weights.pth")
-    segmentor = load_demo().MMSegDemo(SEG_QUICKSTART, str(tmp_path / "weights.pth"))
+    segmentor = load_tool("demo").MMSegDemo(SEG_QUICKSTART, str(tmp_path / "weights.pth"))
     assert segmentor.visualizer.dataset_meta == {k: ADE20KDataset.METAINFO[k] for k in ("classes", "palette")}
 
 
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16 (AVX512-BF16 or AMX)")
 def test_amp_on_the_cpu_runs_bf16(d2_run, seg_run):
     """--amp: the backbones' matrix products run in bf16; what the demo returns is float32 and drawable."""
-    demo = load_demo()
+    demo = load_tool("demo")
     folder, names = d2_val_images(d2_run)
     dtypes = []
 
@@ -224,7 +217,7 @@ def test_amp_without_native_bf16_is_explained(d2_run, tmp_path, monkeypatch):
     monkeypatch.setattr(srvit_backbones.amp, "cpu_has_native_bf16", lambda: False)
     folder, _ = d2_val_images(d2_run)
     with pytest.raises(SystemExit, match="no native bf16.*run without --amp"):
-        load_demo().main([D2_QUICKSTART, "--checkpoint", str(d2_run / "out" / "model_final.pth"), "--input",
+        load_tool("demo").main([D2_QUICKSTART, "--checkpoint", str(d2_run / "out" / "model_final.pth"), "--input",
                           str(folder), "--output", str(tmp_path), "--device", "cpu", "--amp"])
 
 
@@ -284,12 +277,12 @@ CASES = ["missing checkpoint", "not a checkpoint", "no images", "missing input",
 def test_bad_input_is_explained(d2_run, seg_run, tmp_path, case):
     argv, message = bad_inputs(d2_run, seg_run, tmp_path)[case]
     with pytest.raises(SystemExit, match=message):
-        load_demo().main(argv)
+        load_tool("demo").main(argv)
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
 def test_cuda_without_a_gpu_is_explained(d2_run, tmp_path):
     with pytest.raises(SystemExit, match="--device cuda, but no CUDA GPU is visible: run with --device cpu"):
-        load_demo().main([D2_QUICKSTART, "--checkpoint", str(d2_run / "out" / "model_final.pth"), "--input",
+        load_tool("demo").main([D2_QUICKSTART, "--checkpoint", str(d2_run / "out" / "model_final.pth"), "--input",
                           str(d2_val_images(d2_run)[0]), "--output", str(tmp_path), "--device", "cuda"])

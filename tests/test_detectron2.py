@@ -22,6 +22,7 @@ from srvit_backbones.detectron2 import (SRViTBackbone, SRViTCheckpointer, add_sr
 from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.srvit import resize_pos_embed
 from srvit_backbones.models.window import is_rel_pos
+from helpers import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "detectron2_configs")
@@ -303,15 +304,6 @@ def run_train_net(tmp_path, *args, config=QUICKSTART, num_gpus=1, timeout=600):
     return proc, proc.stdout + proc.stderr
 
 
-def load_train_net():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("train_net", os.path.join(ROOT, "tools", "train_net.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def coco_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("d2")
@@ -391,7 +383,7 @@ def test_resume_restores_the_checkpointed_state(coco_root, trained, tmp_path):
     shutil.copy(os.path.join(trained, name), tmp_path)
     (tmp_path / "last_checkpoint").write_text(name)
     ckpt = torch.load(tmp_path / name, map_location="cpu", weights_only=True)
-    train_net = load_train_net()
+    train_net = load_tool("train_net")
     args = train_net.parse_args(["--config", QUICKSTART, "--resume", f"train.output_dir={tmp_path}", *COMMON,
                                  "train.max_iter=16", "train.eval_period=1000", "train.checkpointer.period=1000",
                                  *in_process_data(coco_root)])
@@ -420,7 +412,7 @@ def test_resume_restores_the_checkpointed_state(coco_root, trained, tmp_path):
 
 def test_eval_only_loads_model_final(trained):
     final = os.path.join(trained, "model_final.pth")
-    train_net = load_train_net()
+    train_net = load_tool("train_net")
     args = train_net.parse_args(["--config", QUICKSTART, "--eval-only", f"train.output_dir={trained}", *COMMON,
                                  f"train.init_checkpoint={final}"])
     model = train_net.build_eval_model(train_net.load_config(args))
@@ -443,7 +435,7 @@ def test_partial_pretraining_checkpoint_needs_opt_in(coco_root, tmp_path):
     partial = {k: v for k, v in core.state_dict().items() if not k.startswith("units.2.")}
     path = str(tmp_path / "partial.pth")
     torch.save({"model": partial, "epoch": 1}, path)
-    train_net = load_train_net()
+    train_net = load_tool("train_net")
     argv = ["--config", QUICKSTART, f"train.output_dir={tmp_path}", f"train.init_checkpoint={path}",
             *in_process_data(coco_root)]
     args = train_net.parse_args(argv)
@@ -495,7 +487,7 @@ def test_two_process_ddp_on_cpu(coco_root, config, extra):
     ("train.amp.enabled=True", SystemExit, "train.amp.enabled=True needs a GPU"),
 ])
 def test_train_net_bad_input_is_explained(tmp_path, override, error, match):
-    train_net = load_train_net()
+    train_net = load_tool("train_net")
     args = train_net.parse_args(["--config", QUICKSTART, f"train.output_dir={tmp_path}", override])
     with pytest.raises(error, match=match):
         train_net.main(args)

@@ -1,8 +1,6 @@
 """tools/count_flops.py reproduces the paper's Table 2 at 224x224 and Table 4 (whole detectors
 at 1024x1024, whole segmentors at 512x512)."""
-import importlib.util
 import json
-import os
 from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
@@ -10,8 +8,8 @@ import torch
 
 from srvit_backbones import create_srvit
 from srvit_backbones.flops import count_flops, sdpa_flop_jit
+from helpers import load_tool
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # paper Table 2: params (M), GFLOPs (ImageNet head included, 224x224)
 TABLE2 = {
@@ -26,15 +24,8 @@ def half_up(x, places):
     return float(Decimal(str(x)).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP))
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location("count_flops", os.path.join(ROOT, "tools", "count_flops.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_count_flops_reproduces_table2(capsys):
-    rows = {r["model"]: r for r in load_tool().main(["--models", *TABLE2])}
+    rows = {r["model"]: r for r in load_tool("count_flops").main(["--models", *TABLE2])}
     printed = capsys.readouterr().out
     for name, (params, gflops) in TABLE2.items():
         r = rows[name]
@@ -100,7 +91,7 @@ def test_count_flops_reproduces_table4(task, capsys):
     detectors' attention (global, 64x64 grid + class token) is what the paper's count leaves out; the
     segmentors' unused last block (32x32 grid + class token) is what it adds."""
     table = TABLE4[task]
-    rows = load_tool().main(["--task", task, "--configs", *(f"{name}.py" for name in table), "--json"])
+    rows = load_tool("count_flops").main(["--task", task, "--configs", *(f"{name}.py" for name in table), "--json"])
     assert json.loads(capsys.readouterr().out) == rows
     assert [r["model"] for r in rows] == list(table)
     for r in rows:

@@ -1,7 +1,6 @@
 """MMSegmentation: the SR-ViT backbone, the layer-decay constructor, the configs, and
 mmseg's own tools/train.py / tools/test.py end to end on synthetic ADE20K-layout data."""
 import glob
-import importlib.util
 import json
 import os
 import re
@@ -21,6 +20,7 @@ import srvit_backbones
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import CheckpointError, create_srvit
 from srvit_backbones.layer_decay import lr_decay_factor
+from helpers import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "mmseg_configs")
@@ -47,13 +47,6 @@ def build(name_or_path, **backbone):
 
 def count(module):
     return sum(p.numel() for p in module.parameters())
-
-
-def load_tool(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("name,paper,built", [(k, *v) for k, v in TABLE4.items()])

@@ -1,7 +1,6 @@
 """torch.compile of the core model, the mixture visualisation, and the benchmark tool
 (which is exercised, never timed, here)."""
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,15 +12,9 @@ import torch._dynamo
 
 from srvit_backbones import SRViT, create_srvit
 from srvit_backbones.amp import cpu_has_native_bf16
+from helpers import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_torch_compile_matches_eager_and_does_not_recompile():
@@ -49,7 +42,7 @@ def test_benchmark_tool_interleaves_models_and_pairs_their_rounds(tmp_path):
     argv = ["--model", "srvit_t_t2", "--size", "32", "--batch-size", "2", "--warmup", "1", "--repeats", "3",
             "--references", "vit_same_depth", "--modes", "infer", "train", "--grad-checkpointing", "both",
             "--default-malloc", "--json", str(path)]  # leave this test process's allocator alone
-    result = load("benchmark").main(argv)
+    result = load_tool("benchmark").main(argv)
     saved = json.loads(path.read_text())
     assert saved["rows"] == result["rows"] and "srvit_t_t2" in saved["command"]
     assert saved["method"]["malloc"] == "default"
@@ -86,7 +79,7 @@ def test_benchmark_tool_interleaves_models_and_pairs_their_rounds(tmp_path):
 
 
 def test_benchmark_tool_refuses_bad_arguments():
-    bench = load("benchmark")
+    bench = load_tool("benchmark")
     for argv, message in ((["--model", "srvit_x"], "unknown --model 'srvit_x'"),
                           (["--size", "100"], "--size 100 is not a positive multiple"),
                           (["--references", "no_such_net"], "'no_such_net' is neither"),
@@ -132,7 +125,7 @@ TINY = "embed_dim=64,num_heads=2"  # core arguments that make any --model tiny
 
 
 def test_benchmark_variants_build_with_their_arguments_and_compare_with_the_first(tmp_path):
-    bench = load("benchmark")
+    bench = load_tool("benchmark")
     argv = ["--model", "srvit_t_t2", "--size", "64", "--batch-size", "1", "--warmup", "0", "--repeats", "2",
             "--references", "--modes", "infer", "--default-malloc", "--json", str(tmp_path / "b.json"),
             "--variant", f"global:{TINY}",
@@ -163,12 +156,12 @@ def test_benchmark_variants_build_with_their_arguments_and_compare_with_the_firs
 ])
 def test_benchmark_refuses_bad_variants_with_the_fix(spec, message):
     with pytest.raises(SystemExit) as e:
-        load("benchmark").main(["--model", "srvit_t_t2", "--size", "32", "--variant", spec])
+        load_tool("benchmark").main(["--model", "srvit_t_t2", "--size", "32", "--variant", spec])
     assert message in str(e.value)
 
 
 def test_benchmark_refuses_repeated_variant_names_and_variants_of_a_detector():
-    bench = load("benchmark")
+    bench = load_tool("benchmark")
     for argv, message in ((["--variant", "a:", "--variant", "a:window_size=2"], "--variant names must differ"),
                           (["--detector", "mask_rcnn_srvit_s_t3.py", "--variant", "a:"], "--detector-opts")):
         with pytest.raises(SystemExit) as e:
@@ -178,7 +171,7 @@ def test_benchmark_refuses_repeated_variant_names_and_variants_of_a_detector():
 
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16")
 def test_benchmark_amp_rows_record_their_dtype_and_pair_with_fp32():
-    result = load("benchmark").main(["--model", "srvit_t_t2", "--size", "32", "--batch-size", "1", "--warmup", "0",
+    result = load_tool("benchmark").main(["--model", "srvit_t_t2", "--size", "32", "--batch-size", "1", "--warmup", "0",
                                      "--repeats", "2", "--references", "--modes", "train", "--amp", "both",
                                      "--variant", f"tiny:{TINY}", "--default-malloc"])
     assert [(r["amp"], r["amp_dtype"]) for r in result["rows"]] == [(False, None), (True, "bfloat16")]
@@ -191,7 +184,7 @@ def test_benchmark_amp_on_a_cpu_without_bf16_says_so(monkeypatch):
     import srvit_backbones.amp
     monkeypatch.setattr(srvit_backbones.amp, "cpu_has_native_bf16", lambda: False)  # a CPU without it
     with pytest.raises(SystemExit) as e:
-        load("benchmark").main(["--model", "srvit_t_t2", "--size", "32", "--device", "cpu", "--amp"])
+        load_tool("benchmark").main(["--model", "srvit_t_t2", "--size", "32", "--device", "cpu", "--amp"])
     assert "no native bf16" in str(e.value) and "run without --amp" in str(e.value)
 
 
@@ -199,7 +192,7 @@ TINY_DETECTOR_OPTS = ["model.backbone.square_pad=64", "model.backbone.net.img_si
 
 
 def test_benchmark_detector_mode_times_whole_training_steps_of_configs(tmp_path):
-    bench = load("benchmark")
+    bench = load_tool("benchmark")
     argv = ["--detector", "quickstart/mask_rcnn_srvit_tiny_cpu.py", "quickstart/mask_rcnn_srvit_tiny_win_cpu.py",
             "--detector-opts", *TINY_DETECTOR_OPTS, "--batch-size", "1", "--warmup", "0", "--repeats", "1",
             "--modes", "train", "--default-malloc"]
@@ -226,5 +219,5 @@ def test_benchmark_detector_mode_times_whole_training_steps_of_configs(tmp_path)
 
 def test_benchmark_detector_mode_refuses_unknown_configs():
     with pytest.raises(SystemExit) as e:
-        load("benchmark").main(["--detector", "no_such_config.py"])
+        load_tool("benchmark").main(["--detector", "no_such_config.py"])
     assert "'no_such_config.py' not found" in str(e.value)

@@ -1,6 +1,5 @@
 """tools/plot_curves.py on the metrics of real short trainings (test_demo.py's, shared through
 the session's temp folder): panels, lines and their data, and clear errors."""
-import importlib.util
 import json
 import os
 import shutil
@@ -8,8 +7,7 @@ import shutil
 import pytest
 from PIL import Image
 from test_demo import trained_detectron2, trained_mmseg
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import load_tool
 
 
 @pytest.fixture(scope="session")
@@ -20,13 +18,6 @@ def d2_out(tmp_path_factory):
 @pytest.fixture(scope="session")
 def seg_work(tmp_path_factory):
     return trained_mmseg(tmp_path_factory) / "work"
-
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location("plot_curves", os.path.join(ROOT, "tools", "plot_curves.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def lines_of(fig):
@@ -51,7 +42,7 @@ def test_detectron2_metrics_json(d2_out, tmp_path, capsys):
     evals = [r for r in run if "bbox/AP" in r]
     assert len(train) >= 3 and len(evals) == 1
 
-    fig, path = load_tool().plot_curves(str(d2_out))
+    fig, path = load_tool("plot_curves").plot_curves(str(d2_out))
     assert path == os.path.join(str(d2_out), "curves.png")
     check_png(path, fig)
     panels = lines_of(fig)
@@ -64,7 +55,7 @@ def test_detectron2_metrics_json(d2_out, tmp_path, capsys):
         assert panels["evaluation"][label] == ([evals[0]["iteration"]], [evals[0][metric]])
     assert len(panels["evaluation"]) == 2  # not the per-class APs
 
-    load_tool().main([str(d2_out / "metrics.json"), "--output", str(tmp_path / "d2.png")])
+    load_tool("plot_curves").main([str(d2_out / "metrics.json"), "--output", str(tmp_path / "d2.png")])
     assert capsys.readouterr().out.strip() == f"training curves: {tmp_path / 'd2.png'}"
     assert os.path.isfile(tmp_path / "d2.png")
 
@@ -77,7 +68,7 @@ def test_mmseg_scalars_json(seg_work, tmp_path):
     assert [r["step"] for r in train] == [1, 2, 3, 4] and len(evals) == 1
 
     for source in (seg_work, scalars):  # the work dir or the file
-        fig, path = load_tool().plot_curves(str(source), str(tmp_path / "seg.png"))
+        fig, path = load_tool("plot_curves").plot_curves(str(source), str(tmp_path / "seg.png"))
         check_png(path, fig)
         panels = lines_of(fig)
         assert list(panels) == ["loss", "learning rate", "evaluation"]
@@ -86,7 +77,7 @@ def test_mmseg_scalars_json(seg_work, tmp_path):
         assert panels["learning rate"]["lr"] == ([1, 2, 3, 4], [r["lr"] for r in train])
         assert set(panels["evaluation"]) == {f"{m}: {evals[0][m]:.4g}" for m in ("mIoU", "mAcc", "aAcc")}
         assert panels["evaluation"][f"mIoU: {evals[0]['mIoU']:.4g}"] == ([4], [evals[0]["mIoU"]])
-    assert load_tool().plot_curves(str(scalars))[1] == str(scalars.parent / "curves.png")
+    assert load_tool("plot_curves").plot_curves(str(scalars))[1] == str(scalars.parent / "curves.png")
 
 
 def test_a_resumed_mmseg_run_is_joined(seg_work, tmp_path):
@@ -99,7 +90,7 @@ def test_a_resumed_mmseg_run_is_joined(seg_work, tmp_path):
     (work / "20260102_000000" / "vis_data").mkdir(parents=True)
     (work / "20260102_000000" / "vis_data" / "scalars.json").write_text("\n".join(map(json.dumps, later)))
 
-    fig, _ = load_tool().plot_curves(str(work))
+    fig, _ = load_tool("plot_curves").plot_curves(str(work))
     steps, losses = lines_of(fig)["loss"]["loss"]
     original = {r["step"]: r["loss"] for r in records(first) if "loss" in r}
     assert steps == [1, 2, 3, 4, 5, 6]
@@ -116,12 +107,12 @@ def test_a_resumed_mmseg_run_is_joined(seg_work, tmp_path):
 def test_a_file_of_neither_format_is_explained(tmp_path, content, message):
     (tmp_path / "metrics.json").write_text(content)
     with pytest.raises(SystemExit, match=message):
-        load_tool().plot_curves(str(tmp_path / "metrics.json"))
+        load_tool("plot_curves").plot_curves(str(tmp_path / "metrics.json"))
     assert not (tmp_path / "curves.png").exists()
 
 
 def test_a_folder_without_metrics_is_explained(tmp_path):
     with pytest.raises(SystemExit, match="holds neither metrics.json .* nor \\*/vis_data/scalars.json"):
-        load_tool().plot_curves(str(tmp_path))
+        load_tool("plot_curves").plot_curves(str(tmp_path))
     with pytest.raises(SystemExit, match="does not exist"):
-        load_tool().plot_curves(str(tmp_path / "nowhere"))
+        load_tool("plot_curves").plot_curves(str(tmp_path / "nowhere"))

@@ -1,6 +1,5 @@
 """tools/pretrain.py on the CPU with a generated ImageFolder: train, evaluate, resume,
 distillation, the Table 8 recipe, and its checkpoints flowing into both frameworks."""
-import importlib.util
 import json
 import os
 import shutil
@@ -14,15 +13,9 @@ from timm.data import auto_augment
 
 from srvit_backbones import create_srvit
 from srvit_backbones.pretrain import augment, engine, recipe, trainer
+from helpers import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location("pretrain_tool", os.path.join(ROOT, "tools", "pretrain.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +67,7 @@ def assert_same_tensors(got, expected):
 
 
 def test_train_evaluate_resume(image_folder, tmp_path, caplog):
-    tool = load_tool()
+    tool = load_tool("pretrain")
     argv = tiny_args(image_folder, tmp_path, "--epochs", "1", "--model-ema")
     stats = tool.main(argv)
     ckpt = torch.load(tmp_path / "last.pth", weights_only=True)  # safe to load
@@ -95,7 +88,7 @@ def test_train_evaluate_resume(image_folder, tmp_path, caplog):
 def test_hard_distillation_with_a_tiny_teacher(image_folder, tmp_path):
     teacher = timm.create_model("resnet10t", num_classes=3)
     torch.save(teacher.state_dict(), tmp_path / "teacher.pth")
-    stats = load_tool().main(tiny_args(image_folder, tmp_path, "--epochs", "1", "--distill", "--teacher",
+    stats = load_tool("pretrain").main(tiny_args(image_folder, tmp_path, "--epochs", "1", "--distill", "--teacher",
                                        "resnet10t", "--teacher-weights", str(tmp_path / "teacher.pth")))
     assert stats["images"] == 6
     ckpt = torch.load(tmp_path / "last.pth", weights_only=True)
@@ -103,7 +96,7 @@ def test_hard_distillation_with_a_tiny_teacher(image_folder, tmp_path):
 
 
 def test_recipe_defaults_match_table8(capsys):
-    tool = load_tool()
+    tool = load_tool("pretrain")
     for model, warmup in (("srvit_s_t2", 5), ("srvit_s_t3", 10), ("srvit_s_t4", 20)):
         tool.main(["--model", model, "--dry-run"])
         r = json.loads(capsys.readouterr().out)
@@ -128,7 +121,7 @@ def test_recipe_defaults_match_table8(capsys):
     (("--finetune-384", "x.pth", "--lr-base-batch", "1024"), 512, 1e-5, 5e-6),
 ])
 def test_dry_run_shows_the_effective_lr(capsys, extra, batch_size, lr, effective_lr):
-    load_tool().main(["--model", "srvit_s_t3", "--dry-run", *extra])
+    load_tool("pretrain").main(["--model", "srvit_s_t3", "--dry-run", *extra])
     r = json.loads(capsys.readouterr().out)
     assert (r["batch_size"], r["lr"]) == (batch_size, lr)
     assert r["effective_lr"] == pytest.approx(effective_lr, rel=1e-12)
@@ -229,7 +222,7 @@ def interrupted(image_folder, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(engine, "save_checkpoint", save_and_die)
         with pytest.raises(Killed):
-            load_tool().main(argv)
+            load_tool("pretrain").main(argv)
     return argv, out
 
 
@@ -268,7 +261,7 @@ def test_resumed_run_ends_where_an_uninterrupted_run_ends(interrupted, image_fol
     argv, out = interrupted
     resumed = tmp_path / "resumed"
     shutil.copytree(out, resumed)
-    tool = load_tool()
+    tool = load_tool("pretrain")
     tool.main(tiny_args(image_folder, resumed, *RESUME_ARGS, "--resume", "auto"))
     tool.main(tiny_args(image_folder, tmp_path / "straight", *RESUME_ARGS))
     got = torch.load(resumed / "last.pth", weights_only=True)
@@ -279,7 +272,7 @@ def test_resumed_run_ends_where_an_uninterrupted_run_ends(interrupted, image_fol
 
 
 def test_bad_input_is_explained(image_folder, tmp_path):
-    tool = load_tool()
+    tool = load_tool("pretrain")
     with pytest.raises(SystemExit, match="does not exist: --data must contain train/ and val/"):
         tool.main(tiny_args(str(tmp_path / "nowhere"), tmp_path))
     (tmp_path / "empty" / "train").mkdir(parents=True)
@@ -295,7 +288,7 @@ def test_bad_input_is_explained(image_folder, tmp_path):
 
 
 def test_pretraining_checkpoint_flows_into_both_frameworks(image_folder, tmp_path):
-    load_tool().main(tiny_args(image_folder, tmp_path, "--epochs", "1", "--input-size", "32"))
+    load_tool("pretrain").main(tiny_args(image_folder, tmp_path, "--epochs", "1", "--input-size", "32"))
     path = str(tmp_path / "last.pth")
     sd = torch.load(path, weights_only=True)["model"]
     # the reference: the core model with the pretrained weights, its table resized to 64x64 input
@@ -334,9 +327,7 @@ def test_pretraining_checkpoint_flows_into_both_frameworks(image_folder, tmp_pat
 
 
 def test_convert_checkpoint_keeps_ema_and_resizes(tmp_path):
-    spec = importlib.util.spec_from_file_location("convert", os.path.join(ROOT, "tools", "convert_checkpoint.py"))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("convert_checkpoint")
     src = create_srvit("srvit_t_t2", num_classes=3)
     ema = create_srvit("srvit_t_t2", num_classes=3)
     torch.save({"model": src.state_dict(), "model_ema": ema.state_dict()}, tmp_path / "in.pth")

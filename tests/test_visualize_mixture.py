@@ -2,7 +2,6 @@
 on a folder of real photos. The maps it draws are the loaded model's own mixture weights (the
 checkpoint's weights landed), the statistics are what they claim, and bad requests are clear
 errors."""
-import importlib.util
 import math
 import os
 
@@ -15,22 +14,14 @@ from skimage import data
 
 from srvit_backbones import create_srvit, load_pretrained
 from srvit_backbones.amp import cpu_has_native_bf16
+from helpers import load_tool
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARCH = dict(embed_dim=64, num_heads=2, num_steps=3)
 SET = ["--model", "srvit_t_t2", "--set", "embed_dim=64", "num_heads=2", "num_steps=3"]
 UNITS = {1: 3, 2: 2, 3: 1}  # SR-ViT-T's recursive units: index -> blocks (R3, R2, R1)
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location("visualize_mixture", os.path.join(ROOT, "tools",
-                                                                                    "visualize_mixture.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = load_tool()
+tool = load_tool("visualize_mixture")
 
 
 def trained_like(seed, img_size=64):
