@@ -341,6 +341,18 @@ def _partial_error(report: LoadReport, source: str) -> CheckpointError:
           f"(the backbones' allow_partial option in the framework configs; timm: pretrained_strict=False).")
 
 
+def _inside_unexpected(unexpected: List[str], model: nn.Module) -> List[str]:
+    """Checkpoint keys that name a unit the model has but a block, router or step transform it
+    lacks: a layout or recursion mismatch. Units after the model's last one (a pruned backbone),
+    a final norm and relative-position tables (a windowed checkpoint) are not."""
+    inside = []
+    for key in unexpected:
+        m = re.match(r"^units\.(\d+)\.", key)
+        if m and int(m.group(1)) < len(model.units) and not is_rel_pos(key):
+            inside.append(key)
+    return inside
+
+
 def load_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Any]], prefer_ema: bool = False,
                     allow_partial: bool = False, prefix: Optional[str] = None, allow_shape_mismatch: bool = False,
                     log: Optional[logging.Logger] = None, vit_blocks: Optional[Sequence[int]] = None) -> LoadReport:
@@ -376,6 +388,12 @@ def load_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Any]],
     report.unexpected = [k for k in sd if k not in model_sd]
     if report.required_missing and not allow_partial:
         raise _partial_error(report, source)
+    inside = _inside_unexpected(report.unexpected, model)
+    if inside and not allow_partial:
+        raise CheckpointError(
+            f"{source} holds {len(inside)} tensors inside this model's units that the model does not have "
+            f"(another layout, T or aggregation?):\n  " + "\n  ".join(group_keys(inside))
+            + "\nUse the variant the checkpoint was trained with, or pass allow_partial=True to load the rest.")
     model.load_state_dict({k: v for k, v in sd.items() if k in model_sd}, strict=False)
     report.loaded = [k for k in sd if k in model_sd]
     partial = bool(report.required_missing or report.mismatched)

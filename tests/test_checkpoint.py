@@ -200,3 +200,20 @@ def test_an_mmengine_run_checkpoint_is_read_safely_without_importing_the_adapter
     torch.save({"state_dict": {}, "hook": logging.LogRecord("x", 1, "p", 1, "m", None, None)}, evil)
     with pytest.raises(CheckpointError, match="logging.LogRecord.*refuses to unpickle safely"):
         read_checkpoint(str(evil))
+
+
+def test_a_checkpoint_of_another_layout_is_refused_even_where_the_shapes_fit():
+    """SR-ViT-T's (3, 2, 1) checkpoint into a (2, 1) model: every model tensor has a key of the
+    same shape, but the checkpoint holds blocks, a router and step transforms inside the model's
+    units that the model lacks. That is a mismatch, not a pruned backbone: refused unless
+    allow_partial, while extra units after the model's last one (pruning) still load."""
+    source = create_srvit("srvit_t_t2", embed_dim=32, num_heads=2, num_classes=0)
+    other = create_srvit("srvit_t_t2", embed_dim=32, num_heads=2, num_classes=0, layout=(2, 1))
+    with pytest.raises(CheckpointError, match=r"inside this model's units .*\n  units.\{1,2\}.blocks.\* \(24\)"):
+        load_pretrained(other, source.state_dict())
+    report = load_pretrained(other, source.state_dict(), allow_partial=True)
+    assert "units.3.router.weight" in report.unexpected
+    pruned = create_srvit("srvit_t_t2", embed_dim=32, num_heads=2, num_classes=0)
+    pruned.prune_intermediate_layers([2])
+    report = load_pretrained(pruned, source.state_dict())
+    assert {k.split(".")[1] for k in report.unexpected if k.startswith("units.")} == {"3", "4"}
