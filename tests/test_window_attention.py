@@ -327,24 +327,91 @@ def test_windowed_unit_without_the_grid_is_a_clear_error():
         SoftMoRUnit(tiny().units[1].blocks, num_steps=1, window_sizes=[2, -2])
 
 
-@pytest.mark.parametrize("chunk", [1, 9, 20, 10_000])
-def test_chunked_relative_position_attention_equals_the_whole_bias(chunk):
-    """Queries in chunks of whole grid rows give timm's (detectron2's) whole-bias attention,
-    forward and backward, also with a table of another length (interpolated)."""
+def _whole_bias_attention(q, k, v, rel_h, rel_w, size):
+    """timm's (detectron2's) reference: the whole (queries, keys) bias, then the fused kernel."""
     from timm.models.vision_transformer_sam import get_decomposed_rel_pos_bias
 
+    B, heads, N, C = q.shape
+    bias = get_decomposed_rel_pos_bias(q.reshape(B * heads, N, C), rel_h, rel_w, size, size)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.view(B, heads, N, N))
+
+
+# budgets in scores: one grid row of one image (35 * 5 * 3), a few rows, two whole images of
+# three (blocks across the batch), everything at once
+@pytest.mark.parametrize("budget", [1, 3 * 5 * 35 * 2, 2 * 3 * 35 * 35, 10 ** 9])
+@pytest.mark.parametrize("grad", [True, False], ids=["train", "infer"])
+def test_blocked_relative_position_attention_equals_the_whole_bias(budget, grad):
+    """Queries in blocks of whole grid rows and images give timm's whole-bias attention, in
+    inference and through the recomputing backward (``_RelPosAttention``), also with a table of
+    another length (interpolated)."""
     from srvit_backbones.models.window import rel_pos_attention
 
     torch.manual_seed(0)
-    B, heads, h, w, C = 2, 3, 7, 5, 8
-    q, k, v = (torch.randn(B, heads, h * w, C, requires_grad=True) for _ in range(3))
+    B, heads, h, w, C = 3, 3, 7, 5, 8
+    q, k, v = (torch.randn(B, heads, h * w, C, requires_grad=grad) for _ in range(3))
     for rel_h, rel_w in [(torch.randn(2 * h - 1, C), torch.randn(2 * w - 1, C)),
                          (torch.randn(5, C), torch.randn(27, C))]:
-        rel_h.requires_grad_(), rel_w.requires_grad_()
-        bias = get_decomposed_rel_pos_bias(q.reshape(B * heads, h * w, C), rel_h, rel_w, (h, w), (h, w))
-        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.view(B, heads, h * w, h * w))
-        got = rel_pos_attention(q, k, v, rel_h, rel_w, (h, w), 0.0, chunk)
+        rel_h.requires_grad_(grad), rel_w.requires_grad_(grad)
+        expected = _whole_bias_attention(q, k, v, rel_h, rel_w, (h, w))
+        got = rel_pos_attention(q, k, v, rel_h, rel_w, (h, w), 0.0, budget)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
-        grads = torch.autograd.grad(expected.square().sum(), (q, k, v, rel_h, rel_w))
-        for a, b in zip(torch.autograd.grad(got.square().sum(), (q, k, v, rel_h, rel_w)), grads):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        if grad:
+            assert got.grad_fn.name() == "_RelPosAttentionBackward"
+            weights = torch.randn_like(expected)
+            grads = torch.autograd.grad((expected * weights).sum(), (q, k, v, rel_h, rel_w))
+            for a, b in zip(torch.autograd.grad((got * weights).sum(), (q, k, v, rel_h, rel_w)), grads):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_relative_position_attention_backward_passes_gradcheck():
+    """The hand-written backward against finite differences (float64), over several blocks."""
+    from srvit_backbones.models.window import rel_pos_attention
+
+    torch.manual_seed(0)
+    B, heads, h, w, C = 2, 2, 3, 4, 4
+    inputs = [torch.randn(B, heads, h * w, C, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    inputs += [torch.randn(2 * h - 1, C, dtype=torch.float64, requires_grad=True),
+               torch.randn(2 * w - 1, C, dtype=torch.float64, requires_grad=True)]
+    budget = heads * w * h * w  # one grid row of one image per block
+    assert torch.autograd.gradcheck(lambda *t: rel_pos_attention(*t, (h, w), 0.0, budget), inputs)
+
+
+def test_relative_position_attention_over_a_large_grid_takes_the_fused_kernel_and_equals_the_whole_bias():
+    """Grids of FUSED_MIN_KEYS keys and more take the fused kernel with a bias per block, fewer
+    the unfused one on the CPU: both equal the reference, forward and backward."""
+    from srvit_backbones.models.window import FUSED_MIN_KEYS, rel_pos_attention
+
+    torch.manual_seed(0)
+    side = int(FUSED_MIN_KEYS ** 0.5)
+    assert side * side == FUSED_MIN_KEYS
+    q, k, v = (torch.randn(1, 2, side * side, 8, requires_grad=True) for _ in range(3))
+    rel_h, rel_w = (torch.randn(2 * side - 1, 8).mul_(0.3).requires_grad_() for _ in range(2))
+    expected = _whole_bias_attention(q, k, v, rel_h, rel_w, (side, side))
+    with torch.no_grad():
+        torch.testing.assert_close(rel_pos_attention(q, k, v, rel_h, rel_w, (side, side), 0.0, 2 * side * side * 4),
+                                   expected, rtol=1e-5, atol=1e-6)
+    got = rel_pos_attention(q, k, v, rel_h, rel_w, (side, side), 0.0, 2 * side * side * 4)
+    grads = torch.autograd.grad(expected.square().sum(), (q, k, v, rel_h, rel_w))
+    for a, b in zip(torch.autograd.grad(got.square().sum(), (q, k, v, rel_h, rel_w)), grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_relative_position_attention_with_dropout_or_bf16_takes_autograd_through_the_kernel():
+    """Attention dropout and low precision are differentiated by autograd block by block:
+    dropout is applied (outputs change, gradients reach every input), bf16 stays close to fp32."""
+    from srvit_backbones.models.window import rel_pos_attention
+
+    torch.manual_seed(0)
+    h, w = 6, 5
+    inputs = [torch.randn(2, 2, h * w, 8, requires_grad=True) for _ in range(3)]
+    inputs += [torch.randn(2 * h - 1, 8, requires_grad=True), torch.randn(2 * w - 1, 8, requires_grad=True)]
+    plain = rel_pos_attention(*inputs, (h, w), 0.0, 2 * w * h * w)
+    dropped = rel_pos_attention(*inputs, (h, w), 0.5, 2 * w * h * w)
+    assert dropped.grad_fn.name() != "_RelPosAttentionBackward"
+    assert not torch.allclose(dropped, plain)
+    assert all(g.abs().sum() > 0 for g in torch.autograd.grad(dropped.sum(), inputs))
+    low = [t.detach().bfloat16().requires_grad_() for t in inputs]
+    out = rel_pos_attention(*low, (h, w), 0.0, 2 * w * h * w)
+    assert out.dtype == torch.bfloat16 and out.grad_fn.name() != "_RelPosAttentionBackward"
+    torch.testing.assert_close(out.float(), plain, rtol=0.05, atol=0.05)
+    assert all(g.abs().sum() > 0 for g in torch.autograd.grad(out.float().sum(), low))

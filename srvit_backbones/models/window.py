@@ -15,9 +15,17 @@ import torch.nn.functional as F
 from timm.layers import Attention, register_notrace_function
 from timm.models.vision_transformer_sam import get_rel_pos, window_partition, window_unpartition
 
-#: query tokens per attention call with relative positions: the bias is a (B, heads, queries,
-#: keys) tensor, 400 MB for all 64x64 queries of a 1024 input at 6 heads; chunks keep it at 100 MB
-REL_POS_QUERY_CHUNK = 1024
+#: the largest (batch, heads, queries, keys) score block held at once, in elements: 24 MiB of
+#: fp32, under glibc's largest mmap threshold (32 MiB), so that the allocator reuses one block
+#: instead of mapping and faulting in fresh pages for every chunk (at 1024 a whole-grid bias is
+#: 384 MiB per application); the block size with the best time on the CPU (2 threads: 4 grid rows
+#: of a 64x64 grid, 0.76 s against 0.80 s for 8 rows and 0.98 s for 2)
+REL_POS_CHUNK_ELEMENTS = 6 * 2 ** 20
+
+#: fewer keys than this: on the CPU, matmul-softmax-matmul beats the fused kernel when it is
+#: given a bias (14x14 windows: 44 ms against 63 ms for 25 windows, 6 heads, one thread)
+FUSED_MIN_KEYS = 1024
+
 
 #: the names of the relative-position tables of a ``RelPosAttention`` (one (h, w) pair per extent)
 REL_POS_SUFFIXES = ("rel_pos_h", "rel_pos_w")
@@ -38,30 +46,121 @@ def resize_rel_pos(table: torch.Tensor, length: int) -> torch.Tensor:
     return resized.squeeze(0).T.to(table.dtype)
 
 
+
+def _row_chunks(batch: int, heads: int, rows: int, row_len: int, keys: int, budget: int):
+    """(batch slice, grid-row slice) blocks whose (b, heads, rows * row_len, keys) scores hold at
+    most ``budget`` elements (at least one grid row of one image)."""
+    per_row = heads * row_len * keys
+    if rows * per_row <= budget:
+        per_image = max(1, budget // (rows * per_row))
+        for b0 in range(0, batch, per_image):
+            yield slice(b0, min(b0 + per_image, batch)), slice(0, rows)
+        return
+    step = max(1, budget // per_row)
+    for b in range(batch):
+        for r0 in range(0, rows, step):
+            yield slice(b, b + 1), slice(r0, min(r0 + step, rows))
+
+
+def _bias(rel_h: torch.Tensor, rel_w: torch.Tensor, bs: slice, rs: slice) -> torch.Tensor:
+    """The (b, heads, queries, keys) bias of a block of query rows: rel_h + rel_w over the key grid."""
+    b, heads, _, q_w, k_h = rel_h[bs].shape
+    bias = rel_h[bs, :, rs, :, :, None] + rel_w[bs, :, rs, :, None, :]
+    return bias.contiguous().view(b, heads, -1, k_h * rel_w.shape[-1])
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """softmax's input q.k / sqrt(C) + bias, written into ``bias`` (a fresh block)."""
+    b, heads, n, C = q.shape
+    scores = bias.view(b * heads, n, -1)
+    scores.baddbmm_(q.reshape(b * heads, n, C), k.transpose(-2, -1).reshape(b * heads, C, -1), alpha=C ** -0.5)
+    return bias
+
+
+def _attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+                  dropout_p: float = 0.0) -> torch.Tensor:
+    if (not dropout_p and q.device.type == "cpu" and k.shape[-2] < FUSED_MIN_KEYS
+            and q.dtype in (torch.float32, torch.float64)):
+        return torch.matmul(_scores(q, k, bias).softmax(-1), v)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+
+
+def _rel_pos_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor, rel_w: torch.Tensor,
+                     budget: int, dropout_p: float = 0.0) -> torch.Tensor:
+    """The output block by block (differentiable by autograd where ``_RelPosAttention`` is not used)."""
+    B, heads, N, _ = q.shape
+    q_h, q_w = rel_h.shape[2:4]
+    out = v.new_empty(q.shape[:-1] + v.shape[-1:])
+    for bs, rs in _row_chunks(B, heads, q_h, q_w, k.shape[2], budget):
+        qs = slice(rs.start * q_w, rs.stop * q_w)
+        out[bs, :, qs] = _attend_block(q[bs, :, qs], k[bs], v[bs], _bias(rel_h, rel_w, bs, rs), dropout_p)
+    return out
+
+
+class _RelPosAttention(torch.autograd.Function):
+    """Attention with a decomposed relative-position bias that keeps no (queries, keys) tensor
+    for the backward pass: it saves q, k, v, the per-axis terms and the output (what the fused
+    kernels keep) and recomputes each block's probabilities in ``backward``, as
+    FlashAttention does. Autograd through ``F.scaled_dot_product_attention`` with a bias that
+    needs a gradient keeps every block's (heads, queries, keys) probabilities instead (1.5 GiB
+    per global application at 1024) and, on the CPU, takes the unfused kernel."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, rel_h, rel_w, budget: int):
+        out = _rel_pos_forward(q, k, v, rel_h, rel_w, budget)
+        ctx.save_for_backward(q, k, v, rel_h, rel_w, out)
+        ctx.budget = budget
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, rel_h, rel_w, out = ctx.saved_tensors
+        B, heads, N, C = q.shape
+        q_h, q_w, k_h = rel_h.shape[2:]
+        k_w = rel_w.shape[-1]
+        scale = C ** -0.5
+        grad_out = grad_out.contiguous()
+        dq, drel_h, drel_w = torch.empty_like(q), torch.empty_like(rel_h), torch.empty_like(rel_w)
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+        delta = (grad_out * out).sum(-1, keepdim=True)
+        for bs, rs in _row_chunks(B, heads, q_h, q_w, k.shape[2], ctx.budget):
+            qs = slice(rs.start * q_w, rs.stop * q_w)
+            q_c, k_c, v_c, go = q[bs, :, qs], k[bs], v[bs], grad_out[bs, :, qs]
+            probs = _scores(q_c, k_c, _bias(rel_h, rel_w, bs, rs)).softmax(-1)
+            dv[bs] += torch.matmul(probs.transpose(-2, -1), go)
+            dscores = torch.matmul(go, v_c.transpose(-2, -1)).sub_(delta[bs, :, qs]).mul_(probs)
+            del probs
+            dq[bs, :, qs] = torch.matmul(dscores, k_c).mul_(scale)
+            dk[bs] += torch.matmul(dscores.transpose(-2, -1), q_c).mul_(scale)
+            dscores = dscores.view(*dscores.shape[:2], rs.stop - rs.start, q_w, k_h, k_w)
+            drel_h[bs, :, rs] = dscores.sum(-1)
+            drel_w[bs, :, rs] = dscores.sum(-2)
+        return dq, dk, dv, drel_h, drel_w, None
+
+
 @register_notrace_function
 def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos_h: torch.Tensor,
                       rel_pos_w: torch.Tensor, size: Tuple[int, int], dropout_p: float = 0.0,
-                      chunk: int = REL_POS_QUERY_CHUNK) -> torch.Tensor:
+                      chunk_elements: int = REL_POS_CHUNK_ELEMENTS) -> torch.Tensor:
     """Attention over (B, heads, h*w, C) tokens of a (h, w) grid with ViTDet's decomposed
     relative positions (MViTv2's ``add_decomposed_rel_pos``: the bias of query i and key j is
     q_i . R_h[row_i - row_j] + q_i . R_w[col_i - col_j]). timm's
     ``get_decomposed_rel_pos_bias`` builds the whole (queries, keys) bias at once; here the
-    per-axis terms are computed once and the bias is expanded for ``chunk`` queries (whole grid
-    rows) at a time, so a global application at 1024 does not hold a 4096x4096 bias per head.
-    A leaf for FX: the chunks are a Python loop over the grid's size."""
+    per-axis terms are computed once and the bias is expanded for blocks of whole grid rows
+    (``chunk_elements`` scores at most), so a global application at 1024 never holds a
+    4096x4096 bias per head, and training keeps none (``_RelPosAttention``). Attention dropout
+    and low-precision training take autograd through the fused kernel, block by block.
+    A leaf for FX: the blocks are a Python loop over the grid's size."""
     B, heads, N, C = q.shape
     q_h, q_w = size
     r_q = q.reshape(B, heads, q_h, q_w, C)
-    rel_h = torch.einsum("bnhwc,hkc->bnhwk", r_q, get_rel_pos(q_h, q_h, rel_pos_h).to(q.dtype))
-    rel_w = torch.einsum("bnhwc,wkc->bnhwk", r_q, get_rel_pos(q_w, q_w, rel_pos_w).to(q.dtype))
-    rows = max(1, chunk // q_w)
-    out = []
-    for r0 in range(0, q_h, rows):
-        r1 = min(r0 + rows, q_h)
-        bias = (rel_h[:, :, r0:r1, :, :, None] + rel_w[:, :, r0:r1, :, None, :]).reshape(B, heads, -1, N)
-        out.append(F.scaled_dot_product_attention(q[:, :, r0 * q_w:r1 * q_w], k, v, attn_mask=bias,
-                                                  dropout_p=dropout_p))
-    return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+    # contiguous (einsum returns them permuted), so that each block's bias is made in one pass
+    rel_h = torch.einsum("bnhwc,hkc->bnhwk", r_q, get_rel_pos(q_h, q_h, rel_pos_h).to(q.dtype)).contiguous()
+    rel_w = torch.einsum("bnhwc,wkc->bnhwk", r_q, get_rel_pos(q_w, q_w, rel_pos_w).to(q.dtype)).contiguous()
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rel_h, rel_w))
+    if needs_grad and not dropout_p and q.dtype in (torch.float32, torch.float64) and q.dtype == k.dtype == v.dtype:
+        return _RelPosAttention.apply(q, k, v, rel_h, rel_w, chunk_elements)
+    return _rel_pos_forward(q, k, v, rel_h, rel_w, chunk_elements, dropout_p)
 
 
 torch.fx.wrap("rel_pos_attention")
