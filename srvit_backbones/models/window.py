@@ -7,7 +7,7 @@ timm's copies of detectron2's ViTDet helpers (``timm.models.vision_transformer_s
 here by import. Windows and relative positions work on patch tokens only: a model that uses
 them carries no class token.
 """
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -25,6 +25,10 @@ REL_POS_CHUNK_ELEMENTS = 6 * 2 ** 20
 #: fewer keys than this: on the CPU, matmul-softmax-matmul beats the fused kernel when it is
 #: given a bias (14x14 windows: 44 ms against 63 ms for 25 windows, 6 heads, one thread)
 FUSED_MIN_KEYS = 1024
+
+#: the score block of matmul-softmax-matmul (and of the backward pass), in elements: 1 MiB,
+#: so that its probabilities stay in cache between the softmax and the next matmul
+UNFUSED_CHUNK_ELEMENTS = 2 ** 18
 
 
 #: the names of the relative-position tables of a ``RelPosAttention`` (one (h, w) pair per extent)
@@ -47,53 +51,75 @@ def resize_rel_pos(table: torch.Tensor, length: int) -> torch.Tensor:
 
 
 
-def _row_chunks(batch: int, heads: int, rows: int, row_len: int, keys: int, budget: int):
-    """(batch slice, grid-row slice) blocks whose (b, heads, rows * row_len, keys) scores hold at
-    most ``budget`` elements (at least one grid row of one image)."""
+Block = Tuple[slice, slice]
+
+
+def _blocks(batch: int, heads: int, rows: int, row_len: int, keys: int, budget: int) -> List[Block]:
+    """(image, grid-row) slices of blocks whose (images, heads, rows * row_len, keys) scores
+    hold at most ``budget`` elements: whole images where they fit, else groups of grid rows of
+    one image (at least one row: blocks of fewer queries were slower, measured)."""
     per_row = heads * row_len * keys
     if rows * per_row <= budget:
-        per_image = max(1, budget // (rows * per_row))
-        for b0 in range(0, batch, per_image):
-            yield slice(b0, min(b0 + per_image, batch)), slice(0, rows)
-        return
+        step = max(1, budget // (rows * per_row))
+        return [(slice(b0, min(b0 + step, batch)), slice(0, rows)) for b0 in range(0, batch, step)]
     step = max(1, budget // per_row)
-    for b in range(batch):
-        for r0 in range(0, rows, step):
-            yield slice(b, b + 1), slice(r0, min(r0 + step, rows))
+    return [(slice(b, b + 1), slice(r0, min(r0 + step, rows))) for b in range(batch) for r0 in range(0, rows, step)]
 
 
-def _bias(rel_h: torch.Tensor, rel_w: torch.Tensor, bs: slice, rs: slice) -> torch.Tensor:
-    """The (b, heads, queries, keys) bias of a block of query rows: rel_h + rel_w over the key grid."""
-    b, heads, _, q_w, k_h = rel_h[bs].shape
-    bias = rel_h[bs, :, rs, :, :, None] + rel_w[bs, :, rs, :, None, :]
-    return bias.contiguous().view(b, heads, -1, k_h * rel_w.shape[-1])
+def _scratch(like: torch.Tensor, blocks: List[Block], heads: int, row_len: int, keys: int) -> torch.Tensor:
+    """One flat buffer for every block's scores: glibc hands a freed block of more than its
+    mmap threshold back to the kernel, and a fresh one per block is faulted in anew (32k page
+    faults and a third of the time of a global application at 1024, measured)."""
+    return like.new_empty(max((b.stop - b.start) * (r.stop - r.start) for b, r in blocks) * heads * row_len * keys)
+
+
+def _bias(rel_h: torch.Tensor, rel_w: torch.Tensor, block: Block, scratch: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The (images, heads, queries, keys) bias of a block: rel_h + rel_w over the key grid;
+    written into ``scratch`` where given (outside autograd)."""
+    bs, rs = block
+    rows_h, rows_w = rel_h[bs, :, rs, :, :, None], rel_w[bs, :, rs, :, None, :]
+    b, heads, rows, q_w, k_h, _ = rows_h.shape
+    shape = (b, heads, rows * q_w, k_h * rows_w.shape[-1])
+    if scratch is None:
+        return (rows_h + rows_w).contiguous().view(shape)
+    bias = scratch[:b * heads * rows * q_w * k_h * rows_w.shape[-1]].view(b, heads, rows, q_w, k_h, -1)
+    return torch.add(rows_h, rows_w, out=bias).view(shape)
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """softmax's input q.k / sqrt(C) + bias, written into ``bias`` (a fresh block)."""
+    """softmax's input q.k / sqrt(C) + bias, written into ``bias``."""
     b, heads, n, C = q.shape
     scores = bias.view(b * heads, n, -1)
     scores.baddbmm_(q.reshape(b * heads, n, C), k.transpose(-2, -1).reshape(b * heads, C, -1), alpha=C ** -0.5)
     return bias
 
 
-def _attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
-                  dropout_p: float = 0.0) -> torch.Tensor:
-    if (not dropout_p and q.device.type == "cpu" and k.shape[-2] < FUSED_MIN_KEYS
-            and q.dtype in (torch.float32, torch.float64)):
-        return torch.matmul(_scores(q, k, bias).softmax(-1), v)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+def _fused(q: torch.Tensor, keys: int, dropout_p: float) -> bool:
+    """Whether blocks take the fused kernel (their bias as ``attn_mask``) rather than
+    matmul-softmax-matmul."""
+    return bool(dropout_p) or q.device.type != "cpu" or keys >= FUSED_MIN_KEYS or \
+        q.dtype not in (torch.float32, torch.float64)
 
 
 def _rel_pos_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor, rel_w: torch.Tensor,
-                     budget: int, dropout_p: float = 0.0) -> torch.Tensor:
+                     budget: Optional[int], dropout_p: float = 0.0) -> torch.Tensor:
     """The output block by block (differentiable by autograd where ``_RelPosAttention`` is not used)."""
     B, heads, N, _ = q.shape
     q_h, q_w = rel_h.shape[2:4]
+    keys = k.shape[2]
+    fused = _fused(q, keys, dropout_p)
+    blocks = _blocks(B, heads, q_h, q_w, keys, budget or (REL_POS_CHUNK_ELEMENTS if fused else UNFUSED_CHUNK_ELEMENTS))
+    autograd = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rel_h, rel_w))
+    scratch = None if autograd else _scratch(q, blocks, heads, q_w, keys)
     out = v.new_empty(q.shape[:-1] + v.shape[-1:])
-    for bs, rs in _row_chunks(B, heads, q_h, q_w, k.shape[2], budget):
+    for block in blocks:
+        bs, rs = block
         qs = slice(rs.start * q_w, rs.stop * q_w)
-        out[bs, :, qs] = _attend_block(q[bs, :, qs], k[bs], v[bs], _bias(rel_h, rel_w, bs, rs), dropout_p)
+        q_c, k_c, v_c, bias = q[bs, :, qs], k[bs], v[bs], _bias(rel_h, rel_w, block, scratch)
+        if fused:
+            out[bs, :, qs] = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=bias, dropout_p=dropout_p)
+        else:
+            out[bs, :, qs] = torch.matmul(_scores(q_c, k_c, bias).softmax(-1), v_c)
     return out
 
 
@@ -106,7 +132,7 @@ class _RelPosAttention(torch.autograd.Function):
     per global application at 1024) and, on the CPU, takes the unfused kernel."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rel_h, rel_w, budget: int):
+    def forward(ctx, q, k, v, rel_h, rel_w, budget: Optional[int]):
         out = _rel_pos_forward(q, k, v, rel_h, rel_w, budget)
         ctx.save_for_backward(q, k, v, rel_h, rel_w, out)
         ctx.budget = budget
@@ -117,22 +143,27 @@ class _RelPosAttention(torch.autograd.Function):
         q, k, v, rel_h, rel_w, out = ctx.saved_tensors
         B, heads, N, C = q.shape
         q_h, q_w, k_h = rel_h.shape[2:]
-        k_w = rel_w.shape[-1]
-        scale = C ** -0.5
+        keys = k.shape[2]
         grad_out = grad_out.contiguous()
-        dq, drel_h, drel_w = torch.empty_like(q), torch.empty_like(rel_h), torch.empty_like(rel_w)
-        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+        new = dict(dtype=q.dtype, device=q.device)
+        dq, dk, dv = torch.empty(q.shape, **new), torch.zeros(k.shape, **new), torch.zeros(v.shape, **new)
+        drel_h, drel_w = torch.empty(rel_h.shape, **new), torch.empty(rel_w.shape, **new)
         delta = (grad_out * out).sum(-1, keepdim=True)
-        for bs, rs in _row_chunks(B, heads, q_h, q_w, k.shape[2], ctx.budget):
+        blocks = _blocks(B, heads, q_h, q_w, keys, ctx.budget or UNFUSED_CHUNK_ELEMENTS)
+        scratch = _scratch(q, blocks, heads, q_w, keys)
+        for block in blocks:
+            bs, rs = block
             qs = slice(rs.start * q_w, rs.stop * q_w)
             q_c, k_c, v_c, go = q[bs, :, qs], k[bs], v[bs], grad_out[bs, :, qs]
-            probs = _scores(q_c, k_c, _bias(rel_h, rel_w, bs, rs)).softmax(-1)
-            dv[bs] += torch.matmul(probs.transpose(-2, -1), go)
+            b, h, n = q_c.shape[:3]
+            probs = _scores(q_c, k_c, _bias(rel_h, rel_w, block, scratch)).softmax(-1)
+            dv[bs].view(b * h, keys, -1).baddbmm_(probs.view(b * h, n, keys).transpose(1, 2), go.reshape(b * h, n, -1))
             dscores = torch.matmul(go, v_c.transpose(-2, -1)).sub_(delta[bs, :, qs]).mul_(probs)
             del probs
-            dq[bs, :, qs] = torch.matmul(dscores, k_c).mul_(scale)
-            dk[bs] += torch.matmul(dscores.transpose(-2, -1), q_c).mul_(scale)
-            dscores = dscores.view(*dscores.shape[:2], rs.stop - rs.start, q_w, k_h, k_w)
+            dq[bs, :, qs] = torch.matmul(dscores, k_c).mul_(C ** -0.5)
+            dk[bs].view(b * h, keys, C).baddbmm_(dscores.view(b * h, n, keys).transpose(1, 2),
+                                                 q_c.reshape(b * h, n, C), alpha=C ** -0.5)
+            dscores = dscores.view(b, h, rs.stop - rs.start, q_w, k_h, -1)
             drel_h[bs, :, rs] = dscores.sum(-1)
             drel_w[bs, :, rs] = dscores.sum(-2)
         return dq, dk, dv, drel_h, drel_w, None
@@ -141,7 +172,7 @@ class _RelPosAttention(torch.autograd.Function):
 @register_notrace_function
 def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos_h: torch.Tensor,
                       rel_pos_w: torch.Tensor, size: Tuple[int, int], dropout_p: float = 0.0,
-                      chunk_elements: int = REL_POS_CHUNK_ELEMENTS) -> torch.Tensor:
+                      chunk_elements: Optional[int] = None) -> torch.Tensor:
     """Attention over (B, heads, h*w, C) tokens of a (h, w) grid with ViTDet's decomposed
     relative positions (MViTv2's ``add_decomposed_rel_pos``: the bias of query i and key j is
     q_i . R_h[row_i - row_j] + q_i . R_w[col_i - col_j]). timm's
