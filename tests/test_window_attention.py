@@ -415,3 +415,30 @@ def test_relative_position_attention_with_dropout_or_bf16_takes_autograd_through
     assert out.dtype == torch.bfloat16 and out.grad_fn.name() != "_RelPosAttentionBackward"
     torch.testing.assert_close(out.float(), plain, rtol=0.05, atol=0.05)
     assert all(g.abs().sum() > 0 for g in torch.autograd.grad(out.float().sum(), low))
+
+
+def test_relative_position_attention_keeps_no_query_by_key_tensor_for_backward():
+    """Training memory: the recomputing backward saves tensors of the size of q, k, v and the
+    per-axis terms only; autograd through the kernel (attention dropout) saves every block's
+    (heads, queries, keys) bias, which is what the windowed detector used to peak on."""
+    from srvit_backbones.models.window import rel_pos_attention
+
+    torch.manual_seed(0)
+    side, heads, C = 16, 2, 8
+    N = side * side
+    inputs = [torch.randn(1, heads, N, C, requires_grad=True) for _ in range(3)]
+    inputs += [torch.randn(2 * side - 1, C, requires_grad=True) for _ in range(2)]
+
+    def largest_saved(dropout_p):
+        sizes = []
+
+        def pack(t):
+            sizes.append(t.numel())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            rel_pos_attention(*inputs, (side, side), dropout_p)
+        return max(sizes)
+
+    assert largest_saved(0.0) <= heads * N * side  # the per-axis terms: (1, heads, side, side, side)
+    assert largest_saved(0.1) >= heads * N * N

@@ -15,21 +15,20 @@ import torch.nn.functional as F
 from timm.layers import Attention, register_notrace_function
 from timm.models.vision_transformer_sam import get_rel_pos, window_partition, window_unpartition
 
-#: the largest (batch, heads, queries, keys) score block held at once, in elements: 24 MiB of
-#: fp32, under glibc's largest mmap threshold (32 MiB), so that the allocator reuses one block
-#: instead of mapping and faulting in fresh pages for every chunk (at 1024 a whole-grid bias is
-#: 384 MiB per application); the block size with the best time on the CPU (2 threads: 4 grid rows
-#: of a 64x64 grid, 0.76 s against 0.80 s for 8 rows and 0.98 s for 2)
-REL_POS_CHUNK_ELEMENTS = 6 * 2 ** 20
+#: the (images, heads, queries, keys) bias block given to the fused kernel, in elements:
+#: 24 MiB of fp32 (4 grid rows of a global application at 1024, 6 heads), under glibc's largest
+#: mmap threshold (32 MiB); the whole bias would be 384 MiB per global application at 1024
+FUSED_BLOCK_ELEMENTS = 6 * 2 ** 20
 
 #: fewer keys than this: on the CPU, matmul-softmax-matmul beats the fused kernel when it is
-#: given a bias (14x14 windows: 44 ms against 63 ms for 25 windows, 6 heads, one thread)
+#: given a bias (25 windows of 14x14, 6 heads, 2 threads: 29 ms against 33 ms; 18 ms without
+#: relative positions)
 FUSED_MIN_KEYS = 1024
 
-#: the score block of matmul-softmax-matmul (and of the backward pass), in elements: 1 MiB,
-#: so that its probabilities stay in cache between the softmax and the next matmul
-UNFUSED_CHUNK_ELEMENTS = 2 ** 18
-
+#: the score block of matmul-softmax-matmul and of the backward pass, in elements (1 MiB; at
+#: least one grid row, 6 MiB in a global application at 1024): small enough that its
+#: probabilities stay in cache between the softmax and the next matmul
+UNFUSED_BLOCK_ELEMENTS = 2 ** 18
 
 #: the names of the relative-position tables of a ``RelPosAttention`` (one (h, w) pair per extent)
 REL_POS_SUFFIXES = ("rel_pos_h", "rel_pos_w")
@@ -68,8 +67,8 @@ def _blocks(batch: int, heads: int, rows: int, row_len: int, keys: int, budget: 
 
 def _scratch(like: torch.Tensor, blocks: List[Block], heads: int, row_len: int, keys: int) -> torch.Tensor:
     """One flat buffer for every block's scores: glibc hands a freed block of more than its
-    mmap threshold back to the kernel, and a fresh one per block is faulted in anew (32k page
-    faults and a third of the time of a global application at 1024, measured)."""
+    mmap threshold back to the kernel, and a fresh block each time is faulted in anew (a global
+    application at 1024, measured: 32k page faults, 83 ms instead of 16 ms to build its bias)."""
     return like.new_empty(max((b.stop - b.start) * (r.stop - r.start) for b, r in blocks) * heads * row_len * keys)
 
 
@@ -108,7 +107,7 @@ def _rel_pos_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: t
     q_h, q_w = rel_h.shape[2:4]
     keys = k.shape[2]
     fused = _fused(q, keys, dropout_p)
-    blocks = _blocks(B, heads, q_h, q_w, keys, budget or (REL_POS_CHUNK_ELEMENTS if fused else UNFUSED_CHUNK_ELEMENTS))
+    blocks = _blocks(B, heads, q_h, q_w, keys, budget or (FUSED_BLOCK_ELEMENTS if fused else UNFUSED_BLOCK_ELEMENTS))
     autograd = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rel_h, rel_w))
     scratch = None if autograd else _scratch(q, blocks, heads, q_w, keys)
     out = v.new_empty(q.shape[:-1] + v.shape[-1:])
@@ -149,7 +148,7 @@ class _RelPosAttention(torch.autograd.Function):
         dq, dk, dv = torch.empty(q.shape, **new), torch.zeros(k.shape, **new), torch.zeros(v.shape, **new)
         drel_h, drel_w = torch.empty(rel_h.shape, **new), torch.empty(rel_w.shape, **new)
         delta = (grad_out * out).sum(-1, keepdim=True)
-        blocks = _blocks(B, heads, q_h, q_w, keys, ctx.budget or UNFUSED_CHUNK_ELEMENTS)
+        blocks = _blocks(B, heads, q_h, q_w, keys, ctx.budget or UNFUSED_BLOCK_ELEMENTS)
         scratch = _scratch(q, blocks, heads, q_w, keys)
         for block in blocks:
             bs, rs = block
@@ -172,13 +171,14 @@ class _RelPosAttention(torch.autograd.Function):
 @register_notrace_function
 def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos_h: torch.Tensor,
                       rel_pos_w: torch.Tensor, size: Tuple[int, int], dropout_p: float = 0.0,
-                      chunk_elements: Optional[int] = None) -> torch.Tensor:
+                      block_elements: Optional[int] = None) -> torch.Tensor:
     """Attention over (B, heads, h*w, C) tokens of a (h, w) grid with ViTDet's decomposed
     relative positions (MViTv2's ``add_decomposed_rel_pos``: the bias of query i and key j is
     q_i . R_h[row_i - row_j] + q_i . R_w[col_i - col_j]). timm's
     ``get_decomposed_rel_pos_bias`` builds the whole (queries, keys) bias at once; here the
     per-axis terms are computed once and the bias is expanded for blocks of whole grid rows
-    (``chunk_elements`` scores at most), so a global application at 1024 never holds a
+    (``block_elements`` scores at most; by default FUSED_BLOCK_ELEMENTS for the fused kernel,
+    UNFUSED_BLOCK_ELEMENTS otherwise), so a global application at 1024 never holds a
     4096x4096 bias per head, and training keeps none (``_RelPosAttention``). Attention dropout
     and low-precision training take autograd through the fused kernel, block by block.
     A leaf for FX: the blocks are a Python loop over the grid's size."""
@@ -190,8 +190,8 @@ def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos
     rel_w = torch.einsum("bnhwc,wkc->bnhwk", r_q, get_rel_pos(q_w, q_w, rel_pos_w).to(q.dtype)).contiguous()
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rel_h, rel_w))
     if needs_grad and not dropout_p and q.dtype in (torch.float32, torch.float64) and q.dtype == k.dtype == v.dtype:
-        return _RelPosAttention.apply(q, k, v, rel_h, rel_w, chunk_elements)
-    return _rel_pos_forward(q, k, v, rel_h, rel_w, chunk_elements, dropout_p)
+        return _RelPosAttention.apply(q, k, v, rel_h, rel_w, block_elements)
+    return _rel_pos_forward(q, k, v, rel_h, rel_w, block_elements, dropout_p)
 
 
 torch.fx.wrap("rel_pos_attention")
@@ -199,7 +199,7 @@ torch.fx.wrap("rel_pos_attention")
 
 class RelPosAttention(Attention):
     """timm's ViT ``Attention`` (same parameters and names) plus ViTDet's decomposed relative
-    positions (``add_decomposed_rel_pos``), added to the fused attention as ``attn_mask``.
+    positions (``add_decomposed_rel_pos``), added to the logits by ``rel_pos_attention``.
 
     A block may be applied both windowed and globally, and a relative offset means another
     thing in a 14x14 window than in a 64x64 grid, so the block holds one zero-initialised
