@@ -148,7 +148,9 @@ class _RelPosAttention(torch.autograd.Function):
         dq, dk, dv = torch.empty(q.shape, **new), torch.zeros(k.shape, **new), torch.zeros(v.shape, **new)
         drel_h, drel_w = torch.empty(rel_h.shape, **new), torch.empty(rel_w.shape, **new)
         delta = (grad_out * out).sum(-1, keepdim=True)
-        blocks = _blocks(B, heads, q_h, q_w, keys, ctx.budget or UNFUSED_BLOCK_ELEMENTS)
+        # cache-sized blocks on the CPU; larger ones elsewhere, where each block costs kernel launches
+        default = UNFUSED_BLOCK_ELEMENTS if q.device.type == "cpu" else FUSED_BLOCK_ELEMENTS
+        blocks = _blocks(B, heads, q_h, q_w, keys, ctx.budget or default)
         scratch = _scratch(q, blocks, heads, q_w, keys)
         for block in blocks:
             bs, rs = block
