@@ -14,6 +14,8 @@ from srvit_backbones import create_srvit
 from srvit_backbones.amp import cpu_has_native_bf16
 from srvit_backbones.export import build_backbone, check_onnx, main, output_names
 
+from helpers import randomize_routers
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(embed_dim=32, num_heads=2)
 
@@ -21,12 +23,7 @@ TINY = dict(embed_dim=32, num_heads=2)
 def trained_tiny(img_size=64, seed=0):
     """A tiny SR-ViT-T T=2 with random (non-uniform) routers, standing in for trained weights."""
     torch.manual_seed(seed)
-    model = create_srvit("srvit_t_t2", img_size=img_size, num_classes=0, **TINY)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if ".router." in n or ".step_transforms." in n:
-                p.normal_(0, 0.3)
-    return model.eval()
+    return randomize_routers(create_srvit("srvit_t_t2", img_size=img_size, num_classes=0, **TINY)).eval()
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,8 @@ from torchvision.models.feature_extraction import NodePathTracer, create_feature
 import srvit_backbones  # noqa: F401  (registers the variants)
 from srvit_backbones.models import VARIANTS
 
+from helpers import randomize_routers
+
 NAMES = sorted(VARIANTS)
 
 
@@ -46,11 +48,7 @@ def tiny(name, **kw):
     hide a wrongly ordered mixture)."""
     model = timm.create_model(name, img_size=32, embed_dim=32, num_heads=2, **kw)
     torch.manual_seed(0)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if ".router." in n or ".step_transforms." in n:
-                p.normal_(0, 0.3)
-    return model
+    return randomize_routers(model)
 
 
 def images(size, batch=1, seed=0):

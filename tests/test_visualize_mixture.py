@@ -14,7 +14,7 @@ from skimage import data
 
 from srvit_backbones import create_srvit, load_pretrained
 from srvit_backbones.amp import cpu_has_native_bf16
-from helpers import load_tool
+from helpers import load_tool, randomize_routers
 
 ARCH = dict(embed_dim=64, num_heads=2, num_steps=3)
 SET = ["--model", "srvit_t_t2", "--set", "embed_dim=64", "num_heads=2", "num_steps=3"]
@@ -25,14 +25,9 @@ tool = load_tool("visualize_mixture")
 
 
 def trained_like(seed, img_size=64):
-    """A tiny SR-ViT-T (T=3) with a classifier and decided routers, standing in for trained weights."""
+    """A tiny SR-ViT-T's layout at T=3 with a classifier and decided routers."""
     torch.manual_seed(seed)
-    model = create_srvit("srvit_t_t2", img_size=img_size, num_classes=10, **ARCH)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".router." in name or ".step_transforms." in name:
-                p.normal_(0, 0.3)
-    return model.eval()
+    return randomize_routers(create_srvit("srvit_t_t2", img_size=img_size, num_classes=10, **ARCH)).eval()
 
 
 @pytest.fixture(scope="module")
