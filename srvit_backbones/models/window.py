@@ -56,7 +56,7 @@ Block = Tuple[slice, slice]
 def _blocks(batch: int, heads: int, rows: int, row_len: int, keys: int, budget: int) -> List[Block]:
     """(image, grid-row) slices of blocks whose (images, heads, rows * row_len, keys) scores
     hold at most ``budget`` elements: whole images where they fit, else groups of grid rows of
-    one image (at least one row: blocks of fewer queries were slower, measured)."""
+    one image (at least one row of every head: blocks split by heads were slower, measured)."""
     per_row = heads * row_len * keys
     if rows * per_row <= budget:
         step = max(1, budget // (rows * per_row))
