@@ -2,8 +2,6 @@
 through the real tools, then their predictions drawn, saved raw and checked against the images."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,63 +14,9 @@ import srvit_backbones.mmseg  # noqa: F401  (torch.load reads mmengine checkpoin
 from srvit_backbones import create_srvit
 from srvit_backbones.amp import cpu_has_native_bf16
 from srvit_backbones.detectron2 import add_srvit_config
-from helpers import load_tool
+from helpers import D2_QUICKSTART, ROOT, SEG_QUICKSTART, TEST_SIZE, load_tool, run, trained_detectron2, trained_mmseg
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-D2_QUICKSTART = os.path.join(ROOT, "detectron2_configs", "quickstart", "mask_rcnn_srvit_tiny_cpu.py")
-SEG_QUICKSTART = os.path.join(ROOT, "mmseg_configs", "quickstart", "upernet_srvit_tiny_cpu.py")
 LOW = 0.001  # a few-iteration detector scores low: draw (almost) everything it returns
-
-# the detectron2 quickstart at 128 pixels (its own images are 192), 8 iterations
-D2_TRAIN = ["model.backbone.net.img_size=128", "model.backbone.square_pad=128",
-            "dataloader.train.mapper.augmentations.1.target_height=128",
-            "dataloader.train.mapper.augmentations.1.target_width=128",
-            "dataloader.train.mapper.augmentations.2.crop_size=[128,128]",
-            "dataloader.test.mapper.augmentations.0.short_edge_length=128",
-            "dataloader.test.mapper.augmentations.0.max_size=128", "dataloader.train.total_batch_size=2",
-            "dataloader.train.num_workers=0", "dataloader.test.num_workers=0",
-            "train.max_iter=8", "train.eval_period=8", "train.log_period=2", "train.checkpointer.period=1000"]
-TEST_SIZE = [o for o in D2_TRAIN if o.startswith(("model.", "dataloader.test."))]  # the demo's --opts for it
-SEG_TRAIN = ["train_cfg.max_iters=4", "train_cfg.val_interval=4", "default_hooks.logger.interval=1",
-             "default_hooks.checkpoint.interval=4", "train_dataloader.batch_size=2",
-             "param_scheduler.0.end=2", "param_scheduler.1.begin=2", "param_scheduler.1.end=8", "randomness.seed=0"]
-
-
-def run(cwd, *cmd, **env):
-    proc = subprocess.run([sys.executable, *cmd], cwd=str(cwd), env=dict(os.environ, OMP_NUM_THREADS="1", **env),
-                          capture_output=True, text=True, timeout=600)
-    return proc, proc.stdout + proc.stderr
-
-
-def trained_detectron2(tmp_path_factory):
-    """tools/train_net.py on 8 synthetic COCO images for 8 iterations: the run's folder (out/:
-    model_final.pth, config.yaml, metrics.json; data/coco/val2017: 3 images). Kept for the
-    session in the base temp folder, so that test_plot_curves.py reuses it."""
-    root = tmp_path_factory.getbasetemp() / "quickstart_detectron2"
-    out = root / "out"
-    if not (out / "model_final.pth").exists():
-        root.mkdir(exist_ok=True)
-        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_synthetic_coco.py"), "--root",
-                        str(root / "data"), "--train", "8", "--val", "3", "--size", "128", "160"], check=True)
-        proc, log = run(root, os.path.join(ROOT, "tools", "train_net.py"), "--config", D2_QUICKSTART,
-                        f"train.output_dir={out}", *D2_TRAIN, DETECTRON2_DATASETS=str(root / "data"))
-        assert proc.returncode == 0, log[-3000:]
-    return root
-
-
-def trained_mmseg(tmp_path_factory):
-    """tools/train_seg.py on 4 synthetic ADE20K images for 4 iterations: the run's folder
-    (work/: iter_4.pth, the run's config, TIMESTAMP/vis_data/scalars.json; 2 validation images)."""
-    root = tmp_path_factory.getbasetemp() / "quickstart_mmseg"
-    work = root / "work"
-    if not (work / "iter_4.pth").exists():
-        root.mkdir(exist_ok=True)
-        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_synthetic_ade20k.py"), "--root",
-                        str(root / "datasets"), "--train", "4", "--val", "2", "--size", "96", "128"], check=True)
-        proc, log = run(root, os.path.join(ROOT, "tools", "train_seg.py"), SEG_QUICKSTART, "--work-dir", str(work),
-                        "--cfg-options", *SEG_TRAIN)
-        assert proc.returncode == 0, log[-3000:]
-    return root
 
 
 @pytest.fixture(scope="session")

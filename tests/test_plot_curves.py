@@ -1,13 +1,12 @@
-"""tools/plot_curves.py on the metrics of real short trainings (test_demo.py's, shared through
-the session's temp folder): panels, lines and their data, and clear errors."""
+"""tools/plot_curves.py on the metrics of real short trainings (the ones test_demo.py draws from,
+shared through the session's temp folder): panels, lines and their data, and clear errors."""
 import json
 import os
 import shutil
 
 import pytest
 from PIL import Image
-from test_demo import trained_detectron2, trained_mmseg
-from helpers import load_tool
+from helpers import load_tool, trained_detectron2, trained_mmseg
 
 
 @pytest.fixture(scope="session")
