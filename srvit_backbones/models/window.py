@@ -49,7 +49,6 @@ def resize_rel_pos(table: torch.Tensor, length: int) -> torch.Tensor:
     return resized.squeeze(0).T.to(table.dtype)
 
 
-
 Block = Tuple[slice, slice]
 
 
@@ -101,14 +100,14 @@ def _fused(q: torch.Tensor, keys: int, dropout_p: float) -> bool:
 
 
 def _rel_pos_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor, rel_w: torch.Tensor,
-                     budget: Optional[int], dropout_p: float = 0.0) -> torch.Tensor:
-    """The output block by block (differentiable by autograd where ``_RelPosAttention`` is not used)."""
+                     budget: Optional[int], dropout_p: float = 0.0, autograd: bool = False) -> torch.Tensor:
+    """The output block by block; with ``autograd``, differentiable by autograd (each block's
+    bias a tensor of its own instead of the reused buffer)."""
     B, heads, N, _ = q.shape
     q_h, q_w = rel_h.shape[2:4]
     keys = k.shape[2]
     fused = _fused(q, keys, dropout_p)
     blocks = _blocks(B, heads, q_h, q_w, keys, budget or (FUSED_BLOCK_ELEMENTS if fused else UNFUSED_BLOCK_ELEMENTS))
-    autograd = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rel_h, rel_w))
     scratch = None if autograd else _scratch(q, blocks, heads, q_w, keys)
     out = v.new_empty(q.shape[:-1] + v.shape[-1:])
     for block in blocks:
@@ -127,8 +126,8 @@ class _RelPosAttention(torch.autograd.Function):
     for the backward pass: it saves q, k, v, the per-axis terms and the output (what the fused
     kernels keep) and recomputes each block's probabilities in ``backward``, as
     FlashAttention does. Autograd through ``F.scaled_dot_product_attention`` with a bias that
-    needs a gradient keeps every block's (heads, queries, keys) probabilities instead (1.5 GiB
-    per global application at 1024) and, on the CPU, takes the unfused kernel."""
+    needs a gradient keeps at least every block's bias instead (384 MiB per global application
+    at 1024, fp32; the test of what is saved shows it)."""
 
     @staticmethod
     def forward(ctx, q, k, v, rel_h, rel_w, budget: Optional[int]):
@@ -193,7 +192,7 @@ def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rel_h, rel_w))
     if needs_grad and not dropout_p and q.dtype in (torch.float32, torch.float64) and q.dtype == k.dtype == v.dtype:
         return _RelPosAttention.apply(q, k, v, rel_h, rel_w, block_elements)
-    return _rel_pos_forward(q, k, v, rel_h, rel_w, block_elements, dropout_p)
+    return _rel_pos_forward(q, k, v, rel_h, rel_w, block_elements, dropout_p, autograd=needs_grad)
 
 
 torch.fx.wrap("rel_pos_attention")
