@@ -16,7 +16,7 @@ from srvit_backbones import CheckpointError, SoftMoRUnit, SRViT, create_srvit, l
 from srvit_backbones.flops import count_flops
 from srvit_backbones.layer_decay import layer_id
 from srvit_backbones.models import RelPosAttention, apply_block, default_global_attn_indexes
-from srvit_backbones.models.window import from_windows, is_rel_pos, resize_rel_pos, to_windows
+from srvit_backbones.models.window import is_rel_pos, merge_windows, resize_rel_pos, window_qkv
 
 
 def tiny(**kw):
@@ -93,13 +93,14 @@ def test_window_covering_the_grid_equals_global_attention(use_rel_pos):
     assert not torch.allclose(split.forward_features(x), twin.forward_features(x), atol=1e-3)
 
 
-@pytest.mark.parametrize("window", [3, 0], ids=["windowed", "global"])
-def test_block_application_matches_timm_vitdet_block(window):
-    """Against timm's SAM block, ViTDet's design (window_partition with padding, decomposed
-    relative positions): a 5x7 grid in 3x3 windows is padded to 6x9."""
-    model = randomized(tiny(window_size=3, use_rel_pos=True))
+@pytest.mark.parametrize("window,use_rel_pos", [(3, True), (0, True), (3, False)],
+                         ids=["windowed", "global", "windowed_no_rel_pos"])
+def test_block_application_matches_timm_vitdet_block(window, use_rel_pos):
+    """Against timm's SAM block, ViTDet's design (window_partition with zero padding before the
+    qkv projection, decomposed relative positions): a 5x7 grid in 3x3 windows is padded to 6x9."""
+    model = randomized(tiny(window_size=3, use_rel_pos=use_rel_pos))
     block = model.units[1].blocks[0]  # applied windowed and global: holds both table pairs
-    ref = SamBlock(32, 2, qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6), use_rel_pos=True,
+    ref = SamBlock(32, 2, qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6), use_rel_pos=use_rel_pos,
                    window_size=window, input_size=(5, 7))
     kind = "window" if window else "global"
     sd = {re.sub(rf"attn\.{kind}_rel_pos", "attn.rel_pos", k): v for k, v in block.state_dict().items()
@@ -110,20 +111,38 @@ def test_block_application_matches_timm_vitdet_block(window):
     ref.load_state_dict(sd)
     x = torch.randn(2, 5 * 7, 32)
     out = apply_block(block, x, 0.0, False, hw=(5, 7), window_size=window)
-    torch.testing.assert_close(out, ref(x.view(2, 5, 7, 32)).view(2, 35, 32))
+    expected = ref(x.view(2, 5, 7, 32)).view(2, 35, 32)
+    torch.testing.assert_close(out, expected)
+    # and the gradients: the qkv bias also gets those of the padded tokens, whose projection it
+    # is (the global tables are compared forward only: ViTDet got them already resized)
+    grad = torch.randn_like(out)
+    (out * grad).sum().backward()
+    (expected * grad).sum().backward()
+    ref_grads = {name: p.grad for name, p in ref.named_parameters()}
+    for name, p in block.named_parameters():
+        if not is_rel_pos(name) or name.startswith("attn.window_") and window:
+            torch.testing.assert_close(p.grad, ref_grads[re.sub(r"attn\.window_rel_pos", "attn.rel_pos", name)],
+                                       msg=name)
 
 
 def test_window_padding_round_trips_and_windows_are_local():
-    """5x7 tokens in 3x3 windows: padded to 6x9 (2x3 windows), exact round trip, padding
-    zero; an input change inside one window changes the outputs of that window only."""
-    x = torch.randn(2, 5 * 7, 4)
-    windows, pad_hw = to_windows(x, (5, 7), 3)
-    assert pad_hw == (6, 9) and windows.shape == (2 * 2 * 3, 9, 4)
-    assert torch.equal(from_windows(windows, (5, 7), pad_hw, 3), x)
-    grid = x.view(2, 5, 7, 4)
-    assert torch.equal(windows[0].view(3, 3, 4), grid[0, :3, :3])          # first window: rows 0-2, cols 0-2
-    assert torch.equal(windows[5].view(3, 3, 4)[:2, :1], grid[0, 3:, 6:])  # last window of image 0
-    assert (windows[5].view(3, 3, 4)[2] == 0).all() and (windows[5].view(3, 3, 4)[:, 1:] == 0).all()
+    """5x7 tokens in 3x3 windows: padded to 6x9 (2x3 windows) with the qkv bias (the projection
+    of ViTDet's zero padding), exact round trip; an input change inside one window changes the
+    outputs of that window only."""
+    heads, C = 2, 2
+    qkv, bias = torch.randn(2, 5 * 7, 3 * heads * C), torch.randn(3 * heads * C)
+    windows = window_qkv(qkv, bias, (5, 7), 3, heads)
+    assert windows.shape == (3, 2 * 2 * 3, heads, 9, C)
+    per_head = qkv.view(2, 5, 7, 3, heads, C).permute(3, 0, 4, 1, 2, 5)  # (q/k/v, image, head, row, col, C)
+    as_grid = windows.view(3, 2, 6, heads, 3, 3, C)                          # (q/k/v, image, window, head, 3, 3, C)
+    assert torch.equal(as_grid[:, 0, 0], per_head[:, 0, :, :3, :3])          # first window: rows 0-2, cols 0-2
+    assert torch.equal(as_grid[:, 0, 5, :, :2, :1], per_head[:, 0, :, 3:, 6:])  # last window of image 0
+    last = as_grid[:, 0, 5]                                                   # (q/k/v, head, row, col, C)
+    assert (last[:, :, 2] == bias.view(3, heads, 1, C)).all() and (last[:, :, :, 1:] == bias.view(3, heads, 1, 1, C)).all()
+    for i in range(3):
+        assert torch.equal(merge_windows(windows[i], (5, 7), 3), per_head[i].permute(0, 2, 3, 1, 4).reshape(2, 35, heads * C))
+    last = window_qkv(qkv, None, (5, 7), 3, heads).view(3, 2, 6, heads, 3, 3, C)[:, 0, 5]  # no bias: zeros
+    assert (last[:, :, 2] == 0).all() and (last[:, :, :, 1:] == 0).all()
 
     block = randomized(tiny(window_size=3, use_rel_pos=True)).units[1].blocks[1]  # windowed only
     tokens = torch.randn(1, 35, 32)

@@ -1,11 +1,12 @@
 """ViTDet-style window attention and decomposed relative positions for SR-ViT's blocks.
 
 A shared block runs at several depths, so whether an attention is windowed is a property
-of the *application* (``SoftMoRUnit.window_sizes``), not of the block. The window partition,
-its padding to multiples of the window size, and the decomposed relative-position bias are
-timm's copies of detectron2's ViTDet helpers (``timm.models.vision_transformer_sam``), reused
-here by import. Windows and relative positions work on patch tokens only: a model that uses
-them carries no class token.
+of the *application* (``SoftMoRUnit.window_sizes``), not of the block. Windows are ViTDet's
+(detectron2's ``window_partition``: the grid padded at the bottom and right to whole windows),
+partitioned after the qkv projection so that the padding is not projected (``window_qkv``);
+the relative-position lookup is timm's copy of ViTDet's (``get_rel_pos``), reused by import.
+Windows and relative positions work on patch tokens only: a model that uses them carries no
+class token.
 """
 from typing import List, Optional, Tuple
 
@@ -13,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Attention, register_notrace_function
-from timm.models.vision_transformer_sam import get_rel_pos, window_partition, window_unpartition
+from timm.models.vision_transformer_sam import get_rel_pos
 
 #: the (images, heads, queries, keys) bias block given to the fused kernel, in elements:
 #: 24 MiB of fp32 (4 grid rows of a global application at 1024, 6 heads), under glibc's largest
@@ -229,32 +230,78 @@ class RelPosAttention(Attention):
             if is_rel_pos(name):
                 p.zero_()
 
-    def forward(self, x: torch.Tensor, size: Tuple[int, int], windowed: bool) -> torch.Tensor:
-        """x: (B, h*w, D) tokens of a (h, w) window (``windowed``) or of the whole grid."""
+    def rel_pos_tables(self, windowed: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The (height, width) tables of the windowed or of the global applications."""
         if windowed:
-            rel_h, rel_w = self.window_rel_pos_h, self.window_rel_pos_w
-        else:
-            rel_h, rel_w = self.global_rel_pos_h, self.global_rel_pos_w
-        B, N, _ = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        q, k = self.q_norm(q), self.k_norm(k)
-        x = rel_pos_attention(q, k, v, rel_h, rel_w, size, self.attn_drop.p if self.training else 0.0)
-        x = self.norm(x.transpose(1, 2).reshape(B, N, self.attn_dim))
-        return self.proj_drop(self.proj(x))
+            return self.window_rel_pos_h, self.window_rel_pos_w
+        return self.global_rel_pos_h, self.global_rel_pos_w
+
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int], window_size: int = 0) -> torch.Tensor:
+        """x: (B, h*w, D) tokens of the (h, w) patch grid, attended within windows of
+        ``window_size`` or (0) over the whole grid."""
+        return grid_attention(self, x, hw, window_size)
 
 
-def to_windows(x: torch.Tensor, hw: Tuple[int, int], window_size: int) -> Tuple[torch.Tensor, Tuple[int, int]]:
-    """(B, h*w, D) -> (B * windows, window_size**2, D), the grid zero-padded at the bottom and
-    right to multiples of ``window_size`` (ViTDet's ``window_partition``); and the padded grid."""
-    windows, pad_hw = window_partition(x.view(x.shape[0], hw[0], hw[1], x.shape[-1]), window_size)
-    return windows.view(-1, window_size * window_size, x.shape[-1]), pad_hw
+@torch.fx.wrap
+@register_notrace_function
+def window_qkv(qkv: torch.Tensor, bias: Optional[torch.Tensor], hw: Tuple[int, int], window_size: int,
+               heads: int) -> torch.Tensor:
+    """(B, h*w, 3 * heads * C) projections of the (h, w) patch grid -> (3, B * windows, heads,
+    window_size**2, C): q, k and v of every window (windows in ViTDet's ``window_partition``
+    order).
+
+    ViTDet pads the block's input with zero tokens to whole windows and then projects them; a
+    zero token's projection is the qkv bias. Here the projections of the real tokens are padded
+    with the bias, which gives the same windows without projecting the padding (at 1024, 4096
+    tokens instead of 70x70 = 4900). A leaf for FX: the padding is sized in Python."""
+    B, _, width = qkv.shape
+    h, w = hw
+    rows, cols = -(-h // window_size), -(-w // window_size)
+    grid = qkv.view(B, h, w, width)
+    if (rows * window_size, cols * window_size) != (h, w):
+        grid = F.pad(grid, (0, 0, 0, cols * window_size - w, 0, rows * window_size - h))
+        if bias is not None:
+            grid[:, h:] = bias
+            grid[:, :h, w:] = bias
+    windows = grid.view(B, rows, window_size, cols, window_size, 3, heads, width // (3 * heads))
+    return windows.permute(5, 0, 1, 3, 6, 2, 4, 7).reshape(3, B * rows * cols, heads, window_size ** 2, -1)
 
 
-def from_windows(windows: torch.Tensor, hw: Tuple[int, int], pad_hw: Tuple[int, int], window_size: int) -> torch.Tensor:
-    """The inverse of ``to_windows``: padding removed, (B, h*w, D)."""
-    x = window_unpartition(windows.view(-1, window_size, window_size, windows.shape[-1]), window_size, hw, pad_hw)
-    return x.view(x.shape[0], hw[0] * hw[1], x.shape[-1])
+@torch.fx.wrap
+@register_notrace_function
+def merge_windows(windows: torch.Tensor, hw: Tuple[int, int], window_size: int) -> torch.Tensor:
+    """The inverse of ``window_qkv`` for attention's output: (B * windows, heads,
+    window_size**2, C) -> (B, h*w, heads * C), the padding dropped (ViTDet's
+    ``window_unpartition``). A leaf for FX, as ``window_qkv``."""
+    _, heads, _, C = windows.shape
+    h, w = hw
+    rows, cols = -(-h // window_size), -(-w // window_size)
+    grid = windows.view(-1, rows, cols, heads, window_size, window_size, C).permute(0, 1, 4, 2, 5, 3, 6)
+    grid = grid.reshape(-1, rows * window_size, cols * window_size, heads * C)[:, :h, :w]
+    return grid.reshape(-1, h * w, heads * C)
+
+
+def grid_attention(attn: Attention, x: torch.Tensor, hw: Tuple[int, int], window_size: int = 0) -> torch.Tensor:
+    """timm's ``Attention`` (same parameters, same result as its ``forward``) over the (B, h*w, D)
+    tokens of an (h, w) patch grid: within ViTDet's windows of ``window_size`` (the grid padded
+    to whole windows, see ``window_qkv``) or (0) over the whole grid; with decomposed relative
+    positions when ``attn`` is a ``RelPosAttention``."""
+    B, N, _ = x.shape
+    qkv = attn.qkv(x)
+    if window_size:
+        q, k, v = window_qkv(qkv, attn.qkv.bias, hw, window_size, attn.num_heads).unbind(0)
+        size = (window_size, window_size)
+    else:
+        q, k, v = qkv.reshape(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        size = hw
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    dropout_p = attn.attn_drop.p if attn.training else 0.0
+    if isinstance(attn, RelPosAttention):
+        x = rel_pos_attention(q, k, v, *attn.rel_pos_tables(windowed=bool(window_size)), size, dropout_p)
+    else:
+        x = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+    x = merge_windows(x, hw, window_size) if window_size else x.transpose(1, 2).reshape(B, N, attn.attn_dim)
+    return attn.proj_drop(attn.proj(attn.norm(x)))
 
 
 @torch.fx.wrap
@@ -283,10 +330,4 @@ def attend(attn: nn.Module, x: torch.Tensor, hw: Optional[Tuple[int, int]] = Non
     if hw is None:
         raise ValueError("windowed attention and relative positions need the patch grid: call the unit as "
                          "unit(x, hw=(h, w)) (SRViT passes it)")
-    x = check_patch_tokens(x, hw)
-    if not window_size:
-        return attn(x, hw, windowed=False)
-    windows, pad_hw = to_windows(x, hw, window_size)
-    size = (window_size, window_size)
-    windows = attn(windows, size, windowed=True) if rel_pos else attn(windows)
-    return from_windows(windows, hw, pad_hw, window_size)
+    return grid_attention(attn, check_patch_tokens(x, hw), hw, window_size)
