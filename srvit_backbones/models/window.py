@@ -144,13 +144,15 @@ class _RelPosAttention(torch.autograd.Function):
         q_h, q_w, k_h = rel_h.shape[2:]
         keys = k.shape[2]
         grad_out = grad_out.contiguous()
-        new = dict(dtype=q.dtype, device=q.device)
-        dq, dk, dv = torch.empty(q.shape, **new), torch.zeros(k.shape, **new), torch.zeros(v.shape, **new)
-        drel_h, drel_w = torch.empty(rel_h.shape, **new), torch.empty(rel_w.shape, **new)
-        delta = (grad_out * out).sum(-1, keepdim=True)
         # cache-sized blocks on the CPU; larger ones elsewhere, where each block costs kernel launches
         default = UNFUSED_BLOCK_ELEMENTS if q.device.type == "cpu" else FUSED_BLOCK_ELEMENTS
         blocks = _blocks(B, heads, q_h, q_w, keys, ctx.budget or default)
+        # blocks of grid rows share their images' keys: their dk, dv add up; whole images' are written once
+        accumulate = blocks[0][1].stop < q_h
+        new, zeros_or_empty = dict(dtype=q.dtype, device=q.device), torch.zeros if accumulate else torch.empty
+        dq, dk, dv = torch.empty(q.shape, **new), zeros_or_empty(k.shape, **new), zeros_or_empty(v.shape, **new)
+        drel_h, drel_w = torch.empty(rel_h.shape, **new), torch.empty(rel_w.shape, **new)
+        delta = (grad_out * out).sum(-1, keepdim=True)
         scratch = _scratch(q, blocks, heads, q_w, keys)
         for block in blocks:
             bs, rs = block
@@ -158,15 +160,20 @@ class _RelPosAttention(torch.autograd.Function):
             q_c, k_c, v_c, go = q[bs, :, qs], k[bs], v[bs], grad_out[bs, :, qs]
             b, h, n = q_c.shape[:3]
             probs = _scores(q_c, k_c, _bias(rel_h, rel_w, block, scratch)).softmax(-1)
-            dv[bs].view(b * h, keys, -1).baddbmm_(probs.view(b * h, n, keys).transpose(1, 2), go.reshape(b * h, n, -1))
+            dv[bs].view(b * h, keys, -1).baddbmm_(probs.view(b * h, n, keys).transpose(1, 2), go.reshape(b * h, n, -1),
+                                                 beta=int(accumulate))
             dscores = torch.matmul(go, v_c.transpose(-2, -1)).sub_(delta[bs, :, qs]).mul_(probs)
             del probs
-            dq[bs, :, qs] = torch.matmul(dscores, k_c).mul_(C ** -0.5)
-            dk[bs].view(b * h, keys, C).baddbmm_(dscores.view(b * h, n, keys).transpose(1, 2),
-                                                 q_c.reshape(b * h, n, C), alpha=C ** -0.5)
+            dscores_bmm = dscores.view(b * h, n, keys)
+            if accumulate:  # the block's rows of dq are strided over heads: a matmul into them is slower
+                dq[bs, :, qs] = torch.matmul(dscores, k_c).mul_(C ** -0.5)
+            else:
+                dq[bs].view(b * h, n, C).baddbmm_(dscores_bmm, k_c.reshape(b * h, keys, C), beta=0, alpha=C ** -0.5)
+            dk[bs].view(b * h, keys, C).baddbmm_(dscores_bmm.transpose(1, 2), q_c.reshape(b * h, n, C),
+                                                 beta=int(accumulate), alpha=C ** -0.5)
             dscores = dscores.view(b, h, rs.stop - rs.start, q_w, k_h, -1)
-            drel_h[bs, :, rs] = dscores.sum(-1)
-            drel_w[bs, :, rs] = dscores.sum(-2)
+            torch.sum(dscores, -1, out=drel_h[bs, :, rs])
+            torch.sum(dscores, -2, out=drel_w[bs, :, rs])
         return dq, dk, dv, drel_h, drel_w, None
 
 
