@@ -138,9 +138,11 @@ def test_window_padding_round_trips_and_windows_are_local():
     assert torch.equal(as_grid[:, 0, 0], per_head[:, 0, :, :3, :3])          # first window: rows 0-2, cols 0-2
     assert torch.equal(as_grid[:, 0, 5, :, :2, :1], per_head[:, 0, :, 3:, 6:])  # last window of image 0
     last = as_grid[:, 0, 5]                                                   # (q/k/v, head, row, col, C)
-    assert (last[:, :, 2] == bias.view(3, heads, 1, C)).all() and (last[:, :, :, 1:] == bias.view(3, heads, 1, 1, C)).all()
+    assert (last[:, :, 2] == bias.view(3, heads, 1, C)).all()          # bottom padding row
+    assert (last[:, :, :, 1:] == bias.view(3, heads, 1, 1, C)).all()   # right padding columns
     for i in range(3):
-        assert torch.equal(merge_windows(windows[i], (5, 7), 3), per_head[i].permute(0, 2, 3, 1, 4).reshape(2, 35, heads * C))
+        unwindowed = per_head[i].permute(0, 2, 3, 1, 4).reshape(2, 35, heads * C)
+        assert torch.equal(merge_windows(windows[i], (5, 7), 3), unwindowed)
     last = window_qkv(qkv, None, (5, 7), 3, heads).view(3, 2, 6, heads, 3, 3, C)[:, 0, 5]  # no bias: zeros
     assert (last[:, :, 2] == 0).all() and (last[:, :, :, 1:] == 0).all()
 
