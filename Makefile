@@ -2,7 +2,8 @@
 PY ?= .venv/bin/python
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: setup test collect-env quickstart-detectron2 quickstart-detectron2-win quickstart-mmseg demo-detectron2 demo-mmseg
+.PHONY: setup test collect-env quickstart-detectron2 quickstart-detectron2-win quickstart-mmseg quickstart-mmdet \
+	demo-detectron2 demo-mmseg demo-mmdet
 
 setup:
 	bash tools/setup.sh
@@ -32,6 +33,11 @@ quickstart-mmseg:
 	$(PY) tools/test_seg.py mmseg_configs/quickstart/upernet_srvit_tiny_cpu.py output/quickstart_mmseg/iter_200.pth --tta
 	$(PY) tools/plot_curves.py output/quickstart_mmseg
 
+quickstart-mmdet:
+	$(PY) tools/make_synthetic_coco.py --root datasets --train 64 --val 16
+	$(PY) tools/train_det.py mmdet_configs/quickstart/mask_rcnn_srvit_tiny_cpu.py
+	$(PY) tools/plot_curves.py output/quickstart_mmdet
+
 demo-detectron2:
 	$(PY) tools/demo.py detectron2_configs/quickstart/mask_rcnn_srvit_tiny_cpu.py \
 		--checkpoint output/quickstart_detectron2/model_final.pth --input datasets/coco/val2017 \
@@ -41,3 +47,8 @@ demo-mmseg:
 	$(PY) tools/demo.py mmseg_configs/quickstart/upernet_srvit_tiny_cpu.py \
 		--checkpoint output/quickstart_mmseg/iter_200.pth --input datasets/ade/ADEChallengeData2016/images/validation \
 		--output output/quickstart_mmseg/demo --save-raw
+
+demo-mmdet:
+	$(PY) tools/demo.py mmdet_configs/quickstart/mask_rcnn_srvit_tiny_cpu.py \
+		--checkpoint output/quickstart_mmdet/iter_300.pth --input datasets/coco/val2017 \
+		--output output/quickstart_mmdet/demo --save-raw

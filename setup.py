@@ -6,7 +6,7 @@ from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CONFIG_FOLDERS = ("detectron2_configs", "mmseg_configs")
+CONFIG_FOLDERS = ("detectron2_configs", "mmseg_configs", "mmdet_configs")
 
 
 class BuildPyWithConfigs(build_py):
@@ -25,7 +25,7 @@ class BuildPyWithConfigs(build_py):
 setup(
     name="srvit-backbones",
     version="0.1.0",
-    description="SR-ViT recursive vision transformer backbones for Detectron2, MMSegmentation and timm",
+    description="SR-ViT recursive vision transformer backbones for Detectron2, MMDetection, MMSegmentation and timm",
     long_description=open(os.path.join(HERE, "README.md")).read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
@@ -39,6 +39,8 @@ setup(
         # mmcv must be built with its ops: tools/setup.sh does it once per machine
         "mmseg": ["mmengine>=0.10,<0.11", "mmcv>=2.0.0rc4,<2.2.0", "mmsegmentation==1.2.2", "mmdet==3.3.0",
                   "ftfy", "regex"],
+        "mmdet": ["mmengine>=0.10,<0.11", "mmcv>=2.0.0rc4,<2.2.0", "mmdet==3.3.0", "pycocotools", "shapely",
+                  "terminaltables"],
         "dev": ["pytest", "pytest-timeout", "fvcore", "scikit-image", "matplotlib"],
         # tools/export_onnx.py: torch.onnx's dynamo exporter (onnxscript) and its check (onnxruntime)
         "deploy": ["onnx", "onnxscript", "onnxruntime"],

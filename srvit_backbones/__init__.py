@@ -1,7 +1,8 @@
-"""SR-ViT backbones: one core model (torch + timm) with thin Detectron2 / MMSegmentation adapters.
+"""SR-ViT backbones: one core model (torch + timm) with thin Detectron2 / MMDetection /
+MMSegmentation adapters.
 
-Importing this package registers the SR-ViT variants with timm; it never imports
-detectron2 or mmseg (import ``srvit_backbones.detectron2`` / ``srvit_backbones.mmseg``).
+Importing this package registers the SR-ViT variants with timm; it never imports detectron2,
+mmdet or mmseg (import ``srvit_backbones.detectron2`` / ``.mmdet`` / ``.mmseg``).
 """
 from .config_files import config_dir, config_path, list_configs, resolve_config
 from .models import VARIANTS, SoftMoRUnit, SRViT, create_srvit, make_layout  # before .checkpoint

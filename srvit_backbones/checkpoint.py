@@ -130,14 +130,14 @@ def read_checkpoint(path: str) -> Any:
 
 def _allow_mmengine_checkpoints() -> bool:
     """Allow-list the few types of an mmengine checkpoint's message hub (see
-    ``srvit_backbones.mmseg.checkpoint_loading``); False if mmengine is not installed or they
+    ``srvit_backbones.openmmlab.checkpoint_loading``); False if mmengine is not installed or they
     were allowed already."""
     import sys
 
-    if "srvit_backbones.mmseg.checkpoint_loading" in sys.modules:
+    if "srvit_backbones.openmmlab.checkpoint_loading" in sys.modules:
         return False
     try:
-        import srvit_backbones.mmseg.checkpoint_loading  # noqa: F401  (registers them on import)
+        import srvit_backbones.openmmlab.checkpoint_loading  # noqa: F401  (registers them on import)
     except ImportError:
         return False
     return True

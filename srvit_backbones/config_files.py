@@ -1,13 +1,13 @@
-"""Where the shipped Detectron2 / MMSegmentation configs are.
+"""Where the shipped Detectron2 / MMSegmentation / MMDetection configs are.
 
 In a source checkout (or an editable install) they are the repository's
-``detectron2_configs/`` and ``mmseg_configs/``; a regular install copies both into
+``detectron2_configs/``, ``mmseg_configs/`` and ``mmdet_configs/``; a regular install copies them into
 ``srvit_backbones/_configs/`` (see setup.py).
 """
 import os
 from typing import List, Optional
 
-_FOLDERS = {"detectron2": "detectron2_configs", "mmseg": "mmseg_configs"}
+_FOLDERS = {"detectron2": "detectron2_configs", "mmseg": "mmseg_configs", "mmdet": "mmdet_configs"}
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -191,7 +191,8 @@ def test_an_mmengine_run_checkpoint_is_read_safely_without_importing_the_adapter
     torch.save({"state_dict": {f"backbone.srvit.{k}": v for k, v in core.state_dict().items()},
                 "message_hub": {"log_scalars": {"train/loss": buffer}}}, path)
     script = ("import sys, torch; from srvit_backbones.checkpoint import read_checkpoint; "
-              f"assert 'mmseg' not in sys.modules; obj = read_checkpoint({str(path)!r}); "
+              "assert not {'mmseg', 'mmdet', 'srvit_backbones.mmseg'} & set(sys.modules); "
+              f"obj = read_checkpoint({str(path)!r}); "
               "print(sorted(obj), obj['message_hub']['log_scalars']['train/loss'].current())")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -208,7 +208,7 @@ def bad_inputs(d2_run, seg_run, tmp_path):
         "yacs config": ([str(tmp_path / "yacs.yaml"), "--checkpoint", d2_ckpt, "--input", images, *out],
                         r"yacs.yaml is not a detectron2 LazyConfig \(it has no 'model'; a yacs config\?\)"),
         "config of neither framework": ([str(tmp_path / "neither.py"), "--checkpoint", d2_ckpt, "--input", images,
-                                         *out], "pass --framework detectron2 or --framework mmseg"),
+                                         *out], "pass --framework detectron2, mmseg or mmdet"),
     }
 
 

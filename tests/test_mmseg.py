@@ -365,7 +365,7 @@ def test_mim_train_runs_our_config(seg_root):
 def test_checkpoint_allow_list_is_narrow():
     from mmengine.logging import HistoryBuffer
 
-    from srvit_backbones.mmseg.checkpoint_loading import history_buffer_attribute
+    from srvit_backbones.openmmlab.checkpoint_loading import history_buffer_attribute
 
     assert history_buffer_attribute(HistoryBuffer, "min") is HistoryBuffer.min
     for obj, name in ((HistoryBuffer, "__init__"), (os, "system"), (HistoryBuffer, "_statistics_methods")):

@@ -14,7 +14,8 @@ def test_wheel_install_finds_shipped_configs(tmp_path):
     subprocess.run(pip + ["install", "--no-deps", "-q", "--target", str(tmp_path / "site"), str(wheel)], check=True)
     code = ("import srvit_backbones as s; print(s.__file__); "
             "print(s.config_path('detectron2', 'mask_rcnn_srvit_s_t3.py')); "
-            "print(s.config_path('mmseg', 'upernet_srvit_s.py')); print(len(s.list_configs('mmseg')))")
+            "print(s.config_path('mmseg', 'upernet_srvit_s.py')); print(len(s.list_configs('mmseg'))); "
+            "print(s.config_path('mmdet', 'mask_rcnn_srvit_s_t3_lsj.py'))")
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"))
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(tmp_path), capture_output=True, text=True,
                          check=True).stdout.split()
@@ -24,3 +25,19 @@ def test_wheel_install_finds_shipped_configs(tmp_path):
     assert out[2].startswith(site) and os.path.isfile(out[2]) and int(out[3]) >= 8
     assert os.path.isfile(os.path.join(site, "srvit_backbones", "_configs", "mmseg_configs", "_base_",
                                        "upernet_srvit_mln_160k_ade20k.py"))
+    assert out[4] == os.path.join(site, "srvit_backbones", "_configs", "mmdet_configs", "mask_rcnn_srvit_s_t3_lsj.py")
+    assert os.path.isfile(os.path.join(site, "srvit_backbones", "_configs", "mmdet_configs", "_base_",
+                                       "mask_rcnn_srvit_sfp_lsj_270k_coco.py"))
+
+
+def test_the_core_imports_no_framework():
+    """Importing the package and building, loading and counting a model loads neither a framework
+    nor an adapter: each adapter registers itself only when imported."""
+    code = ("import sys, timm, torch, srvit_backbones, srvit_backbones.layer_decay, srvit_backbones.flops; "
+            "m = timm.create_model('srvit_t_t2', embed_dim=32, num_heads=2); "
+            "srvit_backbones.load_pretrained(m, m.state_dict()); "
+            "print(sorted(n for n in sys.modules if n.split('.')[0] in "
+            "('detectron2', 'mmseg', 'mmdet', 'mmengine', 'mmcv') or n.startswith(('srvit_backbones.detectron2', "
+            "'srvit_backbones.mmseg', 'srvit_backbones.mmdet', 'srvit_backbones.openmmlab'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -97,7 +97,7 @@ def test_a_resumed_mmseg_run_is_joined(seg_work, tmp_path):
 
 
 @pytest.mark.parametrize("content,message", [
-    ('{"a": 1}\n', "neither Detectron2's metrics.json .* nor mmseg's scalars.json"),
+    ('{"a": 1}\n', "neither Detectron2's metrics.json .* nor mmseg's / mmdet's scalars.json"),
     ("", "neither Detectron2's metrics.json"),
     ("iteration,loss\n1,2.0\n", r"metrics.json:1 is not a JSON line"),
     ('[1, 2]\n', r"metrics.json:1 is not a JSON object"),

@@ -48,7 +48,7 @@ def checkpoints(tmp_path_factory):
     from the pretraining model: detectron2's keeps every unit but no final norm (96 px
     table), mmseg's with out_indices (1, 2, 3) also drops the last block (128 px table)."""
     from srvit_backbones.detectron2.backbone import SRViTBackbone as Detectron2Backbone
-    from srvit_backbones.mmseg.backbone import SRViTBackbone as MMSegBackbone
+    from srvit_backbones.mmseg import SRViTBackbone as MMSegBackbone
 
     tmp = tmp_path_factory.mktemp("checkpoints")
     model, ema = trained_like(0), trained_like(1)

@@ -6,6 +6,7 @@ shipped Mask R-CNN and UPerNet configs as whole models (its Table 4).
     python tools/count_flops.py --size 512 --models srvit_s_t3 srvit_deit_s
     python tools/count_flops.py --num-classes 0 --size 1024   # backbone only
     python tools/count_flops.py --task detection     # every shipped detectron2 config (Table 4)
+    python tools/count_flops.py --task detection --framework mmdet   # every shipped mmdet config
     python tools/count_flops.py --task segmentation --configs upernet_srvit_s.py upernet_deit_s.py
     python tools/count_flops.py --task detection --json > detection.json
 
@@ -41,7 +42,7 @@ from srvit_backbones.flops import attention_split, count_flops, count_params
 from srvit_backbones.models import VARIANTS, create_srvit
 
 TASKS = ("classification", "detection", "segmentation")
-FRAMEWORK = {"detection": "detectron2", "segmentation": "mmseg"}
+FRAMEWORKS = {"detection": ("detectron2", "mmdet"), "segmentation": ("mmseg",)}
 
 
 def parse_args(argv=None):
@@ -54,6 +55,8 @@ def parse_args(argv=None):
     parser.add_argument("--num-classes", type=int, default=1000, help="classification: classifier size (0: backbone)")
     parser.add_argument("--configs", nargs="+", metavar="CONFIG",
                         help="detection / segmentation: config names or paths (default: every shipped one)")
+    parser.add_argument("--framework", choices=sorted({f for fs in FRAMEWORKS.values() for f in fs}),
+                        help="detection / segmentation: whose configs (default: detectron2 / mmseg)")
     parser.add_argument("--json", action="store_true", help="print the rows as a JSON list instead of a table")
     return parser.parse_args(argv)
 
@@ -98,6 +101,45 @@ def measure_detector(path):
     return table4_row(path, "detection", (side, side), params, params, full - attention, full - attention, full)
 
 
+class _MMDetPredict(nn.Module):
+    """An mmdet detector's ``predict`` on one padded image, as a module fvcore can trace."""
+
+    def __init__(self, model, side):
+        super().__init__()
+        from mmdet.structures import DetDataSample
+
+        self.model = model
+        self.samples = [DetDataSample(metainfo=dict(img_shape=(side, side), ori_shape=(side, side),
+                                                    pad_shape=(side, side), batch_input_shape=(side, side),
+                                                    scale_factor=(1.0, 1.0)))]
+
+    def forward(self, x):
+        result = self.model.predict(x, self.samples, rescale=False)[0].pred_instances
+        return result.bboxes, result.scores
+
+
+def measure_mmdet_detector(path):
+    """One fvcore pass over the whole Mask R-CNN's prediction (backbone, pyramid, RPN, box head on
+    the test proposals) on an image of the pipeline's padded size, as ``measure_detector``."""
+    from fvcore.nn import FlopCountAnalysis
+    from mmdet.registry import MODELS
+    from mmdet.utils import register_all_modules
+    from mmengine.config import Config
+
+    import srvit_backbones.mmdet  # noqa: F401  (registers SRViT, also for configs without custom_imports)
+
+    register_all_modules()
+    cfg = Config.fromfile(path)
+    pad = next((t for t in cfg.test_dataloader.dataset.pipeline if t.type == "Pad"), None)
+    side = int(pad.size[0]) if pad is not None and pad.get("size") else 1024
+    cfg.model.backbone.pop("init_cfg", None)
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model).eval()
+    full, attention = attention_split(FlopCountAnalysis(_MMDetPredict(model, side), (torch.zeros(1, 3, side, side),)))
+    params = count_params(model)
+    return table4_row(path, "detection", (side, side), params, params, full - attention, full - attention, full)
+
+
 class _Units(nn.Module):
     """Backbone units run on the tokens of a patch grid (units a shipped segmentor prunes)."""
 
@@ -138,13 +180,15 @@ def measure_segmentor(path):
 
 
 def table4_rows(args):
-    framework = FRAMEWORK[args.task]
+    framework = args.framework or FRAMEWORKS[args.task][0]
+    if framework not in FRAMEWORKS[args.task]:
+        sys.exit(f"--framework {framework} has no {args.task} configs; choose {' or '.join(FRAMEWORKS[args.task])}")
     names = args.configs or srvit_backbones.list_configs(framework)
     try:
         paths = [srvit_backbones.resolve_config(framework, name) for name in names]
     except FileNotFoundError as e:
         sys.exit(str(e))
-    measure = measure_detector if args.task == "detection" else measure_segmentor
+    measure = {"detectron2": measure_detector, "mmdet": measure_mmdet_detector, "mmseg": measure_segmentor}[framework]
     return [measure(path) for path in paths]
 
 

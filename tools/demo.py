@@ -1,14 +1,16 @@
 #!/usr/bin/env python
 """Draw a trained SR-ViT model's predictions on images: Mask R-CNN instances with detectron2's
-``Visualizer``, segmentation maps with mmseg's ``SegLocalVisualizer``. It reads our
-LazyConfigs (detectron2's own demo/demo.py reads only yacs configs) and mmseg configs, by path
-or by shipped name; the framework follows from the config.
+``Visualizer`` or mmdet's ``DetLocalVisualizer``, segmentation maps with mmseg's
+``SegLocalVisualizer``. It reads our LazyConfigs (detectron2's own demo/demo.py reads only yacs
+configs), mmdet and mmseg configs, by path or by shipped name; the framework follows from the config.
 
     python tools/demo.py detectron2_configs/quickstart/mask_rcnn_srvit_tiny_cpu.py \\
         --checkpoint output/quickstart_detectron2/model_final.pth --input datasets/coco/val2017 \\
         --output output/quickstart_detectron2/demo --save-raw
     python tools/demo.py upernet_srvit_s.py --checkpoint work_dirs/upernet_srvit_s/iter_160000.pth \\
         --input 'photos/*.jpg' --output demo/ --amp
+    python tools/demo.py mask_rcnn_srvit_s_t3_lsj.py --checkpoint work_dirs/mask_rcnn_srvit_s_t3_lsj/iter_270000.pth \
+        --input photos/ --output demo/ --save-raw
     python tools/demo.py output/my_run/config.yaml --checkpoint output/my_run/model_final.pth --input a.jpg \
         --output demo/ --score-threshold 0.3 --opts model.roi_heads.box_predictor.test_nms_thresh=0.3
 
@@ -34,16 +36,19 @@ from srvit_backbones.checkpoint import CheckpointError, read_checkpoint
 # where a checkpoint that fits comes from
 FIX = {"detectron2": "give the model_final.pth that tools/train_net.py wrote with this config and the same overrides "
                      "(a pretraining checkpoint holds only the backbone: train the detector first)",
-       "mmseg": "give the iter_N.pth that tools/train_seg.py wrote with this config and the same options"}
+       "mmseg": "give the iter_N.pth that tools/train_seg.py wrote with this config and the same options",
+       "mmdet": "give the iter_N.pth that tools/train_det.py wrote with this config and the same options "
+                "(a pretraining checkpoint holds only the backbone: train the detector first)"}
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
-FRAMEWORKS = ("detectron2", "mmseg")
+FRAMEWORKS = ("detectron2", "mmseg", "mmdet")
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="config file, or the name of a shipped config (mask_rcnn_srvit_s_t3.py)")
     parser.add_argument("--checkpoint", required=True,
-                        help="trained weights: tools/train_net.py's model_final.pth or tools/train_seg.py's iter_N.pth")
+                        help="trained weights: tools/train_net.py's model_final.pth, tools/train_seg.py's or "
+                             "tools/train_det.py's iter_N.pth")
     parser.add_argument("--input", nargs="+", required=True,
                         help="image files, folders (searched recursively) or globs")
     parser.add_argument("--output", required=True, help="folder for the drawn images (and raw predictions)")
@@ -61,7 +66,7 @@ def parse_args(argv=None):
 
 def resolve(config, framework=None):
     """(framework, path) of a config path or shipped name; the framework from the folder the
-    config sits in, else from what the file mentions."""
+    config sits in, else from what the file imports, else from an mmengine config's default_scope."""
     frameworks = [framework] if framework else FRAMEWORKS
     for fw in frameworks:
         try:
@@ -75,14 +80,26 @@ def resolve(config, framework=None):
             if os.path.commonpath([path, root]) == root:
                 return fw_dir, path
         text = open(path, encoding="utf-8", errors="replace").read()
-        if path.endswith((".yaml", ".yml")) or "detectron2" in text:
+        if path.endswith((".yaml", ".yml")) or re.search(r"^\s*(from|import)\s+(detectron2|srvit_backbones\.detectron2)",
+                                                         text, re.M):
             return "detectron2", path
-        if "mmseg" in text or "_base_" in text:
-            return "mmseg", path
-        raise SystemExit(f"cannot tell whether {config!r} is a detectron2 or an mmseg config: pass "
-                         f"--framework detectron2 or --framework mmseg")
+        scope = _default_scope(path)
+        if scope in ("mmseg", "mmdet"):
+            return scope, path
+        raise SystemExit(f"cannot tell whether {config!r} is a detectron2, mmseg or mmdet config: pass "
+                         f"--framework detectron2, mmseg or mmdet")
     raise SystemExit(f"config {config!r} not found: neither a file nor a shipped config ("
                      + "; ".join(f"{fw}: {', '.join(srvit_backbones.list_configs(fw))}" for fw in frameworks) + ")")
+
+
+def _default_scope(path):
+    """An mmengine config's ``default_scope`` (``'mmdet'``, ``'mmseg'``), None for other files."""
+    try:
+        from mmengine.config import Config
+
+        return Config.fromfile(path).get("default_scope")
+    except Exception:  # not an mmengine config (or mmengine is not installed)
+        return None
 
 
 def find_images(inputs):
@@ -124,7 +141,8 @@ def read_weights(checkpoint, key, framework):
     SystemExit that says why the file is not a ``framework`` checkpoint and where one comes from."""
     if not os.path.isfile(checkpoint):
         raise SystemExit(f"--checkpoint {checkpoint!r} does not exist: train one with tools/train_net.py "
-                         f"(model_final.pth in train.output_dir) or tools/train_seg.py (iter_N.pth in the work dir)")
+                         f"(model_final.pth in train.output_dir), tools/train_seg.py or tools/train_det.py (iter_N.pth in the "
+                         f"work dir)")
     try:
         obj = read_checkpoint(checkpoint)
     except CheckpointError as e:
@@ -215,35 +233,124 @@ class Detectron2Demo:
         return results
 
 
+def openmmlab_config(config, opts):
+    """An mmengine config with ``--opts`` applied as mmseg's / mmdet's own ``--cfg-options``."""
+    from mmengine.config import Config, DictAction
+
+    cfg = Config.fromfile(config)
+    if opts:
+        ns = argparse.Namespace()
+        DictAction(option_strings=["--opts"], dest="opts")(None, ns, list(opts))
+        cfg.merge_from_dict(ns.opts)
+    return cfg
+
+
+def load_openmmlab_checkpoint(model, checkpoint, framework):
+    """Load every weight of an mmengine checkpoint into ``model`` or refuse, listing what does not
+    fit (mmengine's loader only logs it); returns the checkpoint object."""
+    from mmengine.runner.checkpoint import _load_checkpoint_to_model
+
+    ckpt, weights = read_weights(checkpoint, "state_dict", framework)
+    own = model.state_dict()
+    weights = {re.sub(r"^module\.", "", k): v for k, v in weights.items()}  # as mmengine's loader
+    shapes = [(k, v.shape, own[k].shape) for k, v in weights.items() if k in own and v.shape != own[k].shape]
+    refuse_unless_fits(checkpoint, framework, shapes, [k for k in own if k not in weights],
+                       [k for k in weights if k not in own])
+    _load_checkpoint_to_model(model, ckpt, strict=True)
+    return ckpt
+
+
+class MMDetDemo:
+    """An mmdet detector with its checkpoint loaded strictly, its dataset's classes and palette
+    (from the checkpoint's meta, else from the config's test dataset) and category ids (from the
+    test annotation file when it is there)."""
+
+    def __init__(self, config, checkpoint, device="cpu", amp=False, score_threshold=0.5, opts=()):
+        from mmdet.apis import init_detector
+        from mmdet.registry import DATASETS
+        from mmdet.visualization import DetLocalVisualizer
+
+        import srvit_backbones.mmdet  # noqa: F401  (SRViT registered, mmengine checkpoints readable)
+
+        cfg = openmmlab_config(config, opts)
+        if (cfg.model.get("test_cfg") or {}).get("rcnn") is not None:
+            cfg.model.test_cfg.rcnn.score_thr = score_threshold  # what the detector returns at all
+        self.model = init_detector(cfg, None, device=device)
+        ckpt = load_openmmlab_checkpoint(self.model, checkpoint, "mmdet")
+        dataset = cfg.test_dataloader.dataset
+        meta = (ckpt.get("meta") or {}).get("dataset_meta") or DATASETS.get(dataset.type).METAINFO
+        self.model.dataset_meta = meta
+        self.visualizer = DetLocalVisualizer(name=f"srvit_demo_{id(self)}")
+        self.visualizer.dataset_meta = meta
+        self.category_ids = self._category_ids(cfg, meta["classes"])
+        self.device, self.amp, self.score_threshold = device, amp, score_threshold
+
+    @staticmethod
+    def _category_ids(cfg, classes):
+        """The dataset's category id of each label, from the COCO annotation file the config's
+        test set names (as mmdet's CocoMetric maps them); label indices when there is none."""
+        dataset = cfg.test_dataloader.dataset
+        ann_file = os.path.join(dataset.get("data_root") or "", dataset.get("ann_file") or "")
+        if not os.path.isfile(ann_file):
+            print(f"note: {ann_file!r} does not exist: predictions.json gives label indices as category_id")
+            return list(range(len(classes)))
+        categories = {c["name"]: c["id"] for c in json.load(open(ann_file))["categories"]}
+        return [categories.get(name, i) for i, name in enumerate(classes)]
+
+    @torch.no_grad()
+    def predict(self, path):
+        """(RGB image, the InstanceData scoring above the threshold, float32 on the CPU)."""
+        import mmcv
+        from mmdet.apis import inference_detector
+
+        with autocast(self.device, self.amp):
+            instances = inference_detector(self.model, path).pred_instances.cpu()
+        instances = instances[instances.scores > self.score_threshold]
+        for name, value in instances.items():  # bf16/fp16 under --amp
+            if torch.is_tensor(value) and value.is_floating_point():
+                instances[name] = value.float()
+        return mmcv.imread(path, channel_order="rgb"), instances
+
+    def draw(self, image, instances):
+        from mmdet.structures import DetDataSample
+
+        self.visualizer.add_datasample("demo", image, DetDataSample(pred_instances=instances), draw_gt=False,
+                                       show=False, pred_score_thr=0.0)
+        return self.visualizer.get_image()
+
+    def raw(self, instances, image_id, file_name):
+        """COCO results (XYWH boxes, RLE masks) with the dataset's category ids."""
+        import pycocotools.mask as mask_util
+
+        results = []
+        for i in range(len(instances)):
+            x0, y0, x1, y1 = instances.bboxes[i].tolist()
+            result = dict(image_id=image_id, file_name=file_name, score=float(instances.scores[i]),
+                          category_id=self.category_ids[int(instances.labels[i])], bbox=[x0, y0, x1 - x0, y1 - y0])
+            if "masks" in instances:
+                rle = mask_util.encode(np.asfortranarray(instances.masks[i].numpy().astype(np.uint8)))
+                result["segmentation"] = dict(size=rle["size"], counts=rle["counts"].decode("ascii"))
+            results.append(result)
+        return results
+
+
 class MMSegDemo:
     """An mmseg segmentor with its checkpoint loaded strictly, and its dataset's classes and
     palette (from the checkpoint's meta, else from the config's test dataset)."""
 
     def __init__(self, config, checkpoint, device="cpu", amp=False, opacity=0.5, opts=()):
-        from mmengine.config import Config, DictAction
         from mmengine.model import revert_sync_batchnorm
-        from mmengine.runner.checkpoint import _load_checkpoint_to_model
         from mmseg.apis import init_model
         from mmseg.registry import DATASETS
         from mmseg.visualization import SegLocalVisualizer
 
         import srvit_backbones.mmseg  # noqa: F401  (SRViT registered, mmengine checkpoints readable)
 
-        cfg = Config.fromfile(config)
-        if opts:  # parsed as mmseg's own --cfg-options
-            ns = argparse.Namespace()
-            DictAction(option_strings=["--opts"], dest="opts")(None, ns, list(opts))
-            cfg.merge_from_dict(ns.opts)
-        ckpt, weights = read_weights(checkpoint, "state_dict", "mmseg")
+        cfg = openmmlab_config(config, opts)
         self.model = init_model(cfg, None, device)
         if torch.device(device).type == "cpu":
             self.model = revert_sync_batchnorm(self.model)  # as mmseg's demo: SyncBN needs a GPU
-        own = self.model.state_dict()
-        weights = {re.sub(r"^module\.", "", k): v for k, v in weights.items()}  # as mmengine's loader
-        shapes = [(k, v.shape, own[k].shape) for k, v in weights.items() if k in own and v.shape != own[k].shape]
-        refuse_unless_fits(checkpoint, "mmseg", shapes, [k for k in own if k not in weights],
-                           [k for k in weights if k not in own])
-        _load_checkpoint_to_model(self.model, ckpt, strict=True)
+        ckpt = load_openmmlab_checkpoint(self.model, checkpoint, "mmseg")
         meta = (ckpt.get("meta") or {}).get("dataset_meta") or DATASETS.get(cfg.test_dataloader.dataset.type).METAINFO
         self.visualizer = SegLocalVisualizer(name=f"srvit_demo_{id(self)}", alpha=opacity)
         self.visualizer.dataset_meta = dict(classes=meta["classes"], palette=meta["palette"])
@@ -280,6 +387,8 @@ def build_demo(args):
             raise SystemExit(str(e)) from None
     if framework == "detectron2":
         return Detectron2Demo(config, args.checkpoint, args.device, args.amp, args.score_threshold, args.opts)
+    if framework == "mmdet":
+        return MMDetDemo(config, args.checkpoint, args.device, args.amp, args.score_threshold, args.opts)
     return MMSegDemo(config, args.checkpoint, args.device, args.amp, args.opacity, args.opts)
 
 
@@ -288,7 +397,7 @@ def run(args):
     paths = find_images(args.input)
     names = relative_names(paths)
     demo = build_demo(args)
-    detection = isinstance(demo, Detectron2Demo)
+    detection = isinstance(demo, (Detectron2Demo, MMDetDemo))
     drawn, raw, results = [], [], []
     for image_id, (path, name) in enumerate(tqdm(list(zip(paths, names)), desc="demo", unit="image")):
         image, prediction = demo.predict(path)

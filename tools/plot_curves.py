@@ -1,13 +1,15 @@
 #!/usr/bin/env python
 """Training curves as a picture: loss(es), learning rate and the evaluation metric(s) over
-iterations, from a Detectron2 run's ``metrics.json`` or an MMSegmentation run's
+iterations, from a Detectron2 run's ``metrics.json`` or an MMSegmentation / MMDetection run's
 ``vis_data/scalars.json`` (both one JSON object per line), or from the run's folder:
 
     python tools/plot_curves.py output/quickstart_detectron2            # -> output/quickstart_detectron2/curves.png
     python tools/plot_curves.py output/quickstart_mmseg --output mmseg.png
+    python tools/plot_curves.py output/quickstart_mmdet
 
-An mmseg work dir holds one ``TIMESTAMP/vis_data/scalars.json`` per run (a resumed run adds
-one): they are joined in time order, a later run's value winning where runs overlap.
+An mmengine work dir (mmseg, mmdet) holds one ``TIMESTAMP/vis_data/scalars.json`` per run (a
+resumed run adds one): they are joined in time order, a later run's value winning where runs
+overlap.
 """
 import argparse
 import glob
@@ -18,8 +20,8 @@ from matplotlib.figure import Figure
 
 # headline evaluation metrics; detectron2 also logs per-class APs, not drawn
 METRICS = {"detectron2": ("bbox/AP", "segm/AP", "keypoints/AP", "sem_seg/mIoU", "panoptic_seg/PQ"),
-           "mmseg": ("mIoU", "mAcc", "aAcc")}
-ITERATION = {"detectron2": "iteration", "mmseg": "step"}
+           "mmseg": ("mIoU", "mAcc", "aAcc"), "mmdet": ("coco/bbox_mAP", "coco/segm_mAP")}
+ITERATION = {"detectron2": "iteration", "mmseg": "step", "mmdet": "step"}
 
 
 def find_files(path):
@@ -32,7 +34,7 @@ def find_files(path):
         sorted(glob.glob(os.path.join(path, "*", "vis_data", "scalars.json")))
     if not files:
         raise SystemExit(f"{path} holds neither metrics.json (Detectron2's train.output_dir) nor "
-                         f"*/vis_data/scalars.json (an mmseg work_dir)")
+                         f"*/vis_data/scalars.json (an mmseg or mmdet work_dir)")
     return files
 
 
@@ -48,16 +50,17 @@ def read_records(files):
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise SystemExit(f"{f}:{n} is not a JSON line ({e.msg}): expected Detectron2's metrics.json or "
-                                     f"mmseg's vis_data/scalars.json, one JSON object per line") from None
+                                     f"mmseg's / mmdet's vis_data/scalars.json, one JSON object per line") from None
                 if not isinstance(record, dict):
                     raise SystemExit(f"{f}:{n} is not a JSON object")
                 records.append(record)
     if records and all("iteration" in r for r in records):
         return "detectron2", records
-    if records and all("step" in r for r in records):
-        return "mmseg", records
+    if records and all("step" in r for r in records):  # mmengine's: a detector's logs name its COCO metrics
+        detection = any(k.startswith(("coco/", "loss_rpn")) for r in records for k in r)
+        return ("mmdet" if detection else "mmseg"), records
     raise SystemExit(f"{', '.join(files)}: neither Detectron2's metrics.json (every line has 'iteration') nor "
-                     f"mmseg's scalars.json (every line has 'step')")
+                     f"mmseg's / mmdet's scalars.json (every line has 'step')")
 
 
 def series(framework, records):

@@ -1,8 +1,11 @@
 """MMSegmentation adapter: importing it registers ``SRViT`` in mmseg's ``MODELS``, the
 ``SRViTLayerDecayOptimizerConstructor``, and a torch >= 2.6-safe checkpoint loader.
 Configs import it with ``custom_imports = dict(imports=['srvit_backbones.mmseg'])``."""
-from . import checkpoint_loading  # noqa: F401
-from .backbone import SRViTBackbone
-from .optimizer import SRViTLayerDecayOptimizerConstructor
+from mmseg.registry import MODELS, OPTIM_WRAPPER_CONSTRUCTORS
+
+from ..openmmlab import SRViTBackbone, SRViTLayerDecayOptimizerConstructor, checkpoint_loading  # noqa: F401
+
+MODELS.register_module(name="SRViT", module=SRViTBackbone)
+OPTIM_WRAPPER_CONSTRUCTORS.register_module(module=SRViTLayerDecayOptimizerConstructor)
 
 __all__ = ["SRViTBackbone", "SRViTLayerDecayOptimizerConstructor"]

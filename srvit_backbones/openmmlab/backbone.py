@@ -1,9 +1,10 @@
-"""SR-ViT as an MMSegmentation backbone: a thin ``BaseModule`` around the core model."""
-from typing import Optional, Sequence
+"""SR-ViT as an OpenMMLab backbone: a thin ``BaseModule`` around the core model, registered as
+``SRViT`` in mmseg's ``MODELS`` by ``srvit_backbones.mmseg`` and in mmdet's by
+``srvit_backbones.mmdet`` (mmengine only here: no registry of either is imported)."""
+from typing import List, Optional, Sequence
 
 from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
-from mmseg.registry import MODELS
 
 from ..checkpoint import load_pretrained
 from ..layer_decay import layer_depth
@@ -20,16 +21,15 @@ def core_prefix(prefix: Optional[str]) -> Optional[str]:
     return prefix if prefix.endswith("srvit.") else prefix + "srvit."
 
 
-@MODELS.register_module(name="SRViT")
 class SRViTBackbone(BaseModule):
     """Args (as mmseg's ``VisionTransformer`` where they overlap):
         variant: a named variant (``srvit_s_t3``, ``srvit_deit_s``, ``bvit_b``, ...).
-        img_size: size of the position-embedding table (the crop size, 512 on ADE20K).
-        out_indices: features returned (NCHW, stride 16): units, or bViT's recursion steps.
-            Default: the recursive units (R4, R3, R2, R1), layers 3/6/9/12 for DeiT, steps
-            T/4, T/2, 3T/4, T for bViT; SR-ViT-T's three recursive units are followed by its
-            last block to make the four maps UPerNet takes. The core is cut after the last of
-            them: later units (and steps) are neither held nor run.
+        img_size: size of the position-embedding table (the crop size: 512 on ADE20K, 1024
+            for LSJ on COCO).
+        out_indices: features returned (NCHW, stride 16): units, or bViT's recursion steps;
+            -1 is the last block's output (ViTDet's Simple Feature Pyramid input). Default: the
+            multi-level maps UPerNet takes (``default_out_indices``). The core is cut after the
+            last of them: later units (and steps) are neither held nor run.
         drop_path_rate: stochastic depth over the effective depth.
         with_cp: checkpoint every block application (non-reentrant).
         interpolate_mode: how the position embedding is resized at run time.
@@ -56,9 +56,7 @@ class SRViTBackbone(BaseModule):
                                   drop_path_rate=drop_path_rate, pos_embed_interp=interpolate_mode, **overrides)
         self.srvit.set_grad_checkpointing(with_cp)
         if out_indices is None:
-            out_indices = list(self.srvit.default_feature_indices)
-            if len(out_indices) < 4:  # SR-ViT-T has three recursive units: add the last block
-                out_indices.append(len(self.srvit.feature_points) - 1)
+            out_indices = self.default_out_indices()
         self.out_indices = self.srvit._check_indices(list(out_indices))
         # Layer-decay ids count the whole pretrained network, so a parameter gets the same
         # factor as in Detectron2 whichever units are returned here.
@@ -68,6 +66,15 @@ class SRViTBackbone(BaseModule):
         self.srvit.prune_intermediate_layers(self.out_indices, prune_norm=True)
         self.prefer_ema = prefer_ema
         self.allow_partial = allow_partial
+
+    def default_out_indices(self) -> List[int]:
+        """The recursive units (R4, R3, R2, R1), layers 3/6/9/12 for DeiT, steps T/4, T/2, 3T/4,
+        T for bViT; SR-ViT-T's three recursive units are followed by its last block to make
+        the four maps UPerNet takes."""
+        out_indices = list(self.srvit.default_feature_indices)
+        if len(out_indices) < 4:
+            out_indices.append(len(self.srvit.feature_points) - 1)
+        return out_indices
 
     def init_weights(self):
         if self.init_cfg is not None and self.init_cfg.get("type") == "Pretrained":

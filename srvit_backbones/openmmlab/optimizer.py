@@ -1,8 +1,9 @@
-"""Layer-wise lr decay for SR-ViT in MMSegmentation, by the package's one rule.
+"""Layer-wise lr decay for SR-ViT in MMSegmentation and MMDetection, by the package's one rule.
 
-mmseg's own ``LearningRateDecayOptimizerConstructor`` refuses backbones other than
+mmseg's and mmdet's own ``LearningRateDecayOptimizerConstructor`` refuse backbones other than
 ConvNeXt/BEiT/MAE; this constructor asks the backbone ``get_layer_depth(name)`` instead
-(mmpretrain's protocol), so Detectron2 and MMSegmentation give every parameter the same factor.
+(mmpretrain's protocol), so Detectron2, MMDetection and MMSegmentation give every parameter
+the same factor. ``srvit_backbones.mmseg`` and ``srvit_backbones.mmdet`` register it:
 
     optim_wrapper = dict(type='OptimWrapper', constructor='SRViTLayerDecayOptimizerConstructor',
                          optimizer=dict(type='AdamW', lr=6e-5, weight_decay=0.01),
@@ -13,10 +14,8 @@ from typing import List
 import torch.nn as nn
 from mmengine.logging import MMLogger
 from mmengine.optim import DefaultOptimWrapperConstructor
-from mmseg.registry import OPTIM_WRAPPER_CONSTRUCTORS
 
 
-@OPTIM_WRAPPER_CONSTRUCTORS.register_module()
 class SRViTLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
     """``paramwise_cfg``: ``layer_decay_rate`` (1.0 = none) and ``no_decay_norm_bias``
     (default True: biases, norms and the core's ``no_weight_decay()`` embeddings/tokens get

@@ -1,0 +1,93 @@
+# Mask R-CNN with an SR-ViT backbone and ViTDet's Simple Feature Pyramid, the paper's COCO recipe
+# (SPEC section 4) in mmdet's terms, as mmdet's projects/ViTDet writes it (which the pip wheel
+# lacks; srvit_backbones.mmdet registers the backbone, pyramid, optimizer constructor and hook):
+# - LSJ: 1024x1024 crops of images resized by 0.1-2.0, padded to 1024
+# - RPN with 2 convs, 4conv1fc box head and mask head with LayerNorm (ViTDet's "LN")
+# - AdamW lr 1e-4, weight decay 0.1, layer-wise lr decay 0.7 by the shared-block rule
+#   (srvit_backbones/layer_decay.py, the one detectron2 uses), mixed precision
+# - 270k iterations at batch 2 per GPU x 8 GPUs = 16, 1000-iteration linear warmup, cosine to 0
+# Variant configs change only the backbone (and the pyramid's input width) and the checkpoint.
+_base_ = [
+    'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
+    'mmdet::_base_/datasets/coco_instance.py',
+    'mmdet::_base_/default_runtime.py',
+]
+custom_imports = dict(imports=['srvit_backbones.mmdet'], allow_failed_imports=False)
+
+image_size = (1024, 1024)
+embed_dim = 384
+norm_cfg = dict(type='LayerNorm2d', eps=1e-6, requires_grad=True)  # detectron2's LN (mmcv would make eps 1e-5)
+model = dict(
+    data_preprocessor=dict(
+        pad_size_divisor=32,
+        batch_augments=[dict(type='BatchFixedSizePad', size=image_size, pad_mask=True)]),
+    backbone=dict(
+        _delete_=True,
+        type='SRViT',
+        variant='srvit_s_t3',
+        img_size=image_size,  # a full 64x64 position table, resized from the 14x14 one on loading
+        out_indices=None,  # the last block's output: the pyramid's one input
+        drop_path_rate=0.1,
+        with_cp=False,
+        prefer_ema=False,  # True: a pretraining checkpoint's EMA weights
+        allow_partial=False),  # variant configs add init_cfg=dict(type='Pretrained', checkpoint=...)
+    neck=dict(
+        _delete_=True,
+        type='SimpleFeaturePyramid',
+        in_channels=embed_dim,
+        out_channels=256,
+        scale_factors=(4.0, 2.0, 1.0, 0.5),
+        num_outs=5,
+        norm_cfg=norm_cfg),
+    rpn_head=dict(num_convs=2),
+    roi_head=dict(
+        bbox_head=dict(type='Shared4Conv1FCBBoxHead', conv_out_channels=256, norm_cfg=norm_cfg),
+        mask_head=dict(norm_cfg=norm_cfg)))
+
+backend_args = None
+train_pipeline = [
+    dict(type='LoadImageFromFile', backend_args=backend_args),
+    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='RandomResize', scale=image_size, ratio_range=(0.1, 2.0), keep_ratio=True),
+    dict(type='RandomCrop', crop_type='absolute_range', crop_size=image_size, recompute_bbox=True,
+         allow_negative_crop=True),
+    dict(type='FilterAnnotations', min_gt_bbox_wh=(1e-2, 1e-2)),
+    dict(type='Pad', size=image_size, pad_val=dict(img=(114, 114, 114))),
+    dict(type='PackDetInputs'),
+]
+test_pipeline = [
+    dict(type='LoadImageFromFile', backend_args=backend_args),
+    dict(type='Resize', scale=image_size, keep_ratio=True),
+    dict(type='Pad', size=image_size, pad_val=dict(img=(114, 114, 114))),
+    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
+    dict(type='PackDetInputs', meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
+]
+train_dataloader = dict(
+    batch_size=2,  # x 8 GPUs = 16
+    num_workers=4,
+    dataset=dict(pipeline=train_pipeline))
+val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
+test_dataloader = val_dataloader
+
+optim_wrapper = dict(
+    type='AmpOptimWrapper',
+    constructor='SRViTLayerDecayOptimizerConstructor',
+    # as mmdet's ViTDet: no weight decay on norms, biases and the core's no_weight_decay() names
+    paramwise_cfg=dict(layer_decay_rate=0.7, no_decay_norm_bias=True),
+    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.1))
+
+max_iters = 270000
+interval = 10000
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=1000),
+    dict(type='CosineAnnealingLR', T_max=max_iters - 1000, eta_min=0.0, by_epoch=False, begin=1000, end=max_iters),
+]
+train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=max_iters, val_interval=interval)
+default_hooks = dict(
+    logger=dict(interval=50),
+    checkpoint=dict(by_epoch=False, interval=interval, save_last=True, max_keep_ckpts=3))
+log_processor = dict(by_epoch=False)
+# gradients all-reduced in fp16 under DDP (detectron2's train.ddp.fp16_compression)
+custom_hooks = [dict(type='Fp16CompressionHook')]
+auto_scale_lr = dict(enable=False, base_batch_size=16)

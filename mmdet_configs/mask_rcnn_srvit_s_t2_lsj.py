@@ -1,0 +1,5 @@
+# SR-ViT-S T=2: the main recipe with another variant and its checkpoint
+_base_ = './_base_/mask_rcnn_srvit_sfp_lsj_270k_coco.py'
+model = dict(backbone=dict(
+    variant='srvit_s_t2',
+    init_cfg=dict(type='Pretrained', checkpoint='pretrained/srvit_s_t2_in1k.pth')))

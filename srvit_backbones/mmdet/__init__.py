@@ -1,0 +1,31 @@
+"""MMDetection adapter: importing it registers, in mmdet's registries, the ``SRViT`` backbone
+(one stride-16 map by default: ViTDet's pyramid input), the ``SimpleFeaturePyramid`` neck and
+its ``LayerNorm2d``, the ``SRViTLayerDecayOptimizerConstructor`` and the
+``Fp16CompressionHook``: what mmdet's ``projects/ViTDet`` gives, which the pip wheel lacks.
+Configs import it with ``custom_imports = dict(imports=['srvit_backbones.mmdet'])``."""
+from typing import List
+
+from mmdet.registry import HOOKS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS
+
+from ..openmmlab import SRViTBackbone, SRViTLayerDecayOptimizerConstructor, checkpoint_loading  # noqa: F401
+from ..openmmlab.hooks import Fp16CompressionHook
+from .neck import LayerNorm2d, SimpleFeaturePyramid
+
+
+@MODELS.register_module(name="SRViT")
+class SRViTDetBackbone(SRViTBackbone):
+    __doc__ = SRViTBackbone.__doc__.replace(
+        "Default: the\n            multi-level maps UPerNet takes (``default_out_indices``)",
+        "Default: the\n            last block's output, the one map ViTDet's pyramid takes")
+
+    def default_out_indices(self) -> List[int]:
+        return [len(self.srvit.feature_points) - 1]
+
+
+MODELS.register_module(module=SimpleFeaturePyramid)
+MODELS.register_module(module=LayerNorm2d)
+OPTIM_WRAPPER_CONSTRUCTORS.register_module(module=SRViTLayerDecayOptimizerConstructor)
+HOOKS.register_module(module=Fp16CompressionHook)
+
+__all__ = ["SRViTDetBackbone", "SimpleFeaturePyramid", "LayerNorm2d", "SRViTLayerDecayOptimizerConstructor",
+           "Fp16CompressionHook"]

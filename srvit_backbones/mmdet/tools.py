@@ -1,0 +1,29 @@
+"""Helpers of tools/train_det.py and tools/test_det.py: mmdet's own scripts' logic, and what a
+missing COCO looks like."""
+from mmengine.config import Config
+
+from ..openmmlab import tools as openmmlab_tools
+from ..openmmlab.tools import check_amp  # noqa: F401  (the tools' import)
+
+
+def load_config(args) -> Config:
+    return openmmlab_tools.load_config(args, "mmdet")
+
+
+def check_data(cfg: Config, loaders) -> None:
+    openmmlab_tools.check_data(cfg, loaders, _missing_data_message)
+
+
+def _missing_data_message(cfg, where, dataset, key, path) -> str:
+    evaluators = " ".join(f"{name}.ann_file=DATA_ROOT/annotations/instances_val2017.json"
+                          for name in ("val_evaluator", "test_evaluator") if "ann_file" in (cfg.get(name) or {}))
+    return (
+        openmmlab_tools.missing_path(where, dataset, key, path) + "\n"
+        f"Expected layout: {openmmlab_tools.expected_layout(cfg)}; for COCO 2017, DATA_ROOT is the folder "
+        "holding train2017/, val2017/ and annotations/.\n"
+        "Fix: put the dataset there, or point the config at your copy (DATA_ROOT ending in /) with\n"
+        "  --cfg-options train_dataloader.dataset.data_root=DATA_ROOT val_dataloader.dataset.data_root=DATA_ROOT "
+        f"test_dataloader.dataset.data_root=DATA_ROOT {evaluators}\n"
+        "or, to try the tools without COCO, generate synthetic data in that layout:\n"
+        "  python tools/make_synthetic_coco.py --root datasets   "
+        "(DATA_ROOT = datasets/coco/; see make quickstart-mmdet)")

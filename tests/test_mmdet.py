@@ -1,0 +1,552 @@
+"""MMDetection: the SR-ViT backbone, the Simple Feature Pyramid, the layer-decay constructor and
+the configs against detectron2's, and tools/train_det.py / test_det.py / mim / DetInferencer end
+to end on synthetic COCO."""
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+
+import mmdet
+import pytest
+import timm
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from detectron2.config import LazyConfig, instantiate
+from detectron2.modeling.backbone.fpn import LastLevelMaxPool
+from detectron2.modeling.backbone.vit import SimpleFeaturePyramid as D2SimpleFeaturePyramid
+from mmdet.registry import MODELS
+from mmdet.structures import DetDataSample
+from mmdet.structures.mask import BitmapMasks
+from mmdet.utils import register_all_modules
+from mmengine.config import Config
+from mmengine.hooks import Hook
+from mmengine.model import MMDistributedDataParallel
+from mmengine.optim import build_optim_wrapper
+from mmengine.structures import InstanceData
+
+import srvit_backbones
+import srvit_backbones.mmdet  # noqa: F401  (registers SRViT, SimpleFeaturePyramid, ...)
+from srvit_backbones import CheckpointError, create_srvit
+from srvit_backbones.detectron2 import SRViTBackbone as D2Backbone, SRViTCheckpointer, srvit_optimizer_params
+from srvit_backbones.layer_decay import lr_decay_factor
+from srvit_backbones.models.window import is_rel_pos
+from srvit_backbones.openmmlab.hooks import Fp16CompressionHook
+from helpers import load_tool, randomize_routers, run, trained_detectron2
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_DIR = os.path.join(ROOT, "mmdet_configs")
+D2_CONFIGS = os.path.join(ROOT, "detectron2_configs")
+# every shipped config (quickstart/ included), found by glob: a new one is covered unedited
+CONFIGS = sorted(p for p in glob.glob(os.path.join(CONFIG_DIR, "**", "*.py"), recursive=True)
+                 if "_base_" not in os.path.relpath(p, CONFIG_DIR).split(os.sep))
+FLAGSHIP = os.path.join(CONFIG_DIR, "mask_rcnn_srvit_s_t3_lsj.py")
+QUICKSTART = os.path.join(CONFIG_DIR, "quickstart", "mask_rcnn_srvit_tiny_cpu.py")
+MMDET_TOOLS = os.path.join(os.path.dirname(mmdet.__file__), ".mim", "tools")
+WIDTH, HEADS, SIZE, CHANNELS = 32, 2, 64, 32
+
+register_all_modules()
+
+
+def config_name(path):
+    return os.path.relpath(path, CONFIG_DIR)
+
+
+def detectron2_twin(path):
+    """The detectron2 config of the same variant and attention: mask_rcnn_X[_win]_lsj.py -> mask_rcnn_X[_win].py."""
+    name = os.path.basename(path)
+    twin = os.path.join(D2_CONFIGS, re.sub(r"_lsj\.py$", ".py", name))
+    return twin if name.endswith("_lsj.py") and os.path.isfile(twin) else None
+
+
+def shrink(cfg: Config) -> Config:
+    """The config's detector at width 32, with 32-channel pyramid and heads, 64-pixel images,
+    fp32 and no pretrained file; everything else (variant, layout, T, windows, out_indices,
+    heads' types, constructor) as shipped."""
+    model = cfg.model
+    model.backbone.update(img_size=(SIZE, SIZE), embed_dim=WIDTH, num_heads=HEADS)
+    model.backbone.pop("init_cfg", None)
+    if model.backbone.get("window_size"):
+        model.backbone.window_size = 2
+    model.data_preprocessor.batch_augments = [dict(type="BatchFixedSizePad", size=(SIZE, SIZE), pad_mask=True)]
+    model.neck.update(in_channels=WIDTH, out_channels=CHANNELS)
+    model.rpn_head.update(in_channels=CHANNELS, feat_channels=CHANNELS)
+    roi = model.roi_head
+    roi.bbox_roi_extractor.out_channels = roi.mask_roi_extractor.out_channels = CHANNELS
+    roi.bbox_head.update(in_channels=CHANNELS, conv_out_channels=CHANNELS, fc_out_channels=64)
+    roi.mask_head.update(in_channels=CHANNELS, conv_out_channels=CHANNELS)
+    model.train_cfg.rcnn.sampler.num = 64
+    cfg.optim_wrapper.type = "OptimWrapper"  # AmpOptimWrapper needs a GPU
+    return cfg
+
+
+def batch(seed: int, n: int = 2) -> dict:
+    """A data batch as mmdet's PackDetInputs makes it: uint8 images, boxes, labels and masks."""
+    g = torch.Generator().manual_seed(seed)
+    inputs, samples = [], []
+    for _ in range(n):
+        inputs.append(torch.randint(0, 256, (3, SIZE, SIZE), dtype=torch.uint8, generator=g))
+        sample = DetDataSample(metainfo=dict(img_shape=(SIZE, SIZE), ori_shape=(SIZE, SIZE), pad_shape=(SIZE, SIZE),
+                                             scale_factor=(1.0, 1.0), batch_input_shape=(SIZE, SIZE)))
+        xy = torch.randint(0, SIZE // 2, (3, 2), generator=g).float()
+        wh = torch.randint(8, SIZE // 2, (3, 2), generator=g).float()
+        boxes = torch.cat([xy, xy + wh], dim=1)
+        masks = torch.zeros(3, SIZE, SIZE, dtype=torch.uint8)
+        for i, (x0, y0, x1, y1) in enumerate(boxes.long().tolist()):
+            masks[i, y0:y1, x0:x1] = 1
+        sample.gt_instances = InstanceData(bboxes=boxes, labels=torch.randint(0, 80, (3,), generator=g),
+                                           masks=BitmapMasks(masks.numpy(), SIZE, SIZE))
+        samples.append(sample)
+    return dict(inputs=inputs, data_samples=samples)
+
+
+def count(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+# ----------------------------------------------------------------------------- configs
+def test_the_config_sweep_covers_every_variant_and_the_quickstart():
+    names = {config_name(p) for p in CONFIGS}
+    variants = ("s_t2", "s_t3", "s_t4", "b_t2", "b_t3")
+    expected = {f"mask_rcnn_srvit_{v}{win}_lsj.py" for v in variants for win in ("", "_win")}
+    expected |= {"mask_rcnn_deit_s_lsj.py", "mask_rcnn_deit_s_win_lsj.py", "mask_rcnn_bvit_b_lsj.py",
+                 os.path.join("quickstart", "mask_rcnn_srvit_tiny_cpu.py")}
+    assert expected <= names
+    assert set(srvit_backbones.list_configs("mmdet")) == {n for n in names if os.sep not in n}
+
+
+def test_flagship_holds_the_vitdet_recipe():
+    cfg = Config.fromfile(FLAGSHIP)
+    assert cfg.custom_imports.imports == ["srvit_backbones.mmdet"] and cfg.default_scope == "mmdet"
+    assert cfg.model.type == "MaskRCNN" and cfg.model.backbone.type == "SRViT"
+    assert cfg.model.backbone.variant == "srvit_s_t3" and cfg.model.backbone.img_size == (1024, 1024)
+    assert cfg.model.neck == dict(type="SimpleFeaturePyramid", in_channels=384, out_channels=256,
+                                  scale_factors=(4.0, 2.0, 1.0, 0.5), num_outs=5,
+                                  norm_cfg=dict(type="LayerNorm2d", eps=1e-6, requires_grad=True))
+    assert cfg.model.rpn_head.num_convs == 2
+    assert cfg.model.roi_head.bbox_head.type == "Shared4Conv1FCBBoxHead"
+    assert cfg.model.roi_head.bbox_head.norm_cfg.type == cfg.model.roi_head.mask_head.norm_cfg.type == "LayerNorm2d"
+    steps = {t.type: t for t in cfg.train_pipeline}
+    assert steps["RandomResize"].ratio_range == (0.1, 2.0) and steps["RandomResize"].scale == (1024, 1024)
+    assert steps["RandomCrop"].crop_size == (1024, 1024) and steps["Pad"].size == (1024, 1024)
+    assert "FilterAnnotations" in steps
+    assert cfg.optim_wrapper.type == "AmpOptimWrapper"
+    assert cfg.optim_wrapper.constructor == "SRViTLayerDecayOptimizerConstructor"
+    assert cfg.optim_wrapper.paramwise_cfg.layer_decay_rate == 0.7
+    assert cfg.optim_wrapper.optimizer == dict(type="AdamW", lr=1e-4, betas=(0.9, 0.999), weight_decay=0.1)
+    assert cfg.train_cfg.max_iters == 270000 and cfg.train_dataloader.batch_size == 2  # x 8 GPUs = 16
+    warmup, cosine = cfg.param_scheduler
+    assert (warmup.type, warmup.end, cosine.type, cosine.begin, cosine.end) == \
+        ("LinearLR", 1000, "CosineAnnealingLR", 1000, 270000)
+    assert cfg.custom_hooks == [dict(type="Fp16CompressionHook")]
+    # the detectron2 recipe, for the same variant
+    d2 = LazyConfig.load(os.path.join(D2_CONFIGS, "mask_rcnn_srvit_s_t3.py"))
+    assert (d2.train.max_iter, d2.optimizer.lr, d2.optimizer.weight_decay, d2.optimizer.params.lr_decay) == \
+        (cfg.train_cfg.max_iters, cfg.optim_wrapper.optimizer.lr, cfg.optim_wrapper.optimizer.weight_decay,
+         cfg.optim_wrapper.paramwise_cfg.layer_decay_rate)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=config_name)
+def test_every_config_trains_one_step(path):
+    """Every trainable parameter gets a gradient (DDP's find_unused_parameters=False needs it)
+    and the config's optimizer constructor holds each exactly once."""
+    cfg = shrink(Config.fromfile(path))
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    model.train()
+    backbone = model.backbone
+    assert len(backbone.out_indices) == 1  # the pyramid's one map: the last block's output
+    assert backbone.out_indices == [len(backbone.srvit.feature_points) - 1]
+
+    data = model.data_preprocessor(batch(seed=0), training=True)
+    losses = model(**data, mode="loss")
+    assert {"loss_rpn_cls", "loss_cls", "loss_bbox", "loss_mask"} <= set(losses)
+    loss, _ = model.parse_losses(losses)
+    assert torch.isfinite(loss)
+    loss.backward()
+    trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    assert [name for name, p in trainable.items() if p.grad is None] == []
+    assert all(torch.isfinite(p.grad).all() for p in trainable.values())
+
+    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    grouped = [id(p) for group in wrapper.optimizer.param_groups for p in group["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in trainable.values())
+    before = {name: p.detach().clone() for name, p in trainable.items()}
+    wrapper.step()
+    recursive = f"backbone.srvit.units.{backbone.srvit.recursive_unit_indices[0]}.blocks.0.attn.qkv.weight"
+    assert not torch.equal(before[recursive], trainable[recursive])
+
+
+TWINS = [p for p in CONFIGS if detectron2_twin(p)]
+
+
+def test_every_paper_config_has_a_detectron2_twin():
+    assert {config_name(p) for p in CONFIGS} - {config_name(p) for p in TWINS} == \
+        {os.path.join("quickstart", "mask_rcnn_srvit_tiny_cpu.py")}
+
+
+@pytest.mark.parametrize("path", TWINS, ids=config_name)
+def test_backbone_and_pyramid_equal_detectron2s(path):
+    """The same variant in both frameworks: backbone and pyramid of equal parameter counts,
+    the backbone's tensors of the same names and shapes, windows where detectron2 has them."""
+    cfg = Config.fromfile(path)
+    cfg.model.backbone.pop("init_cfg")
+    backbone, neck = MODELS.build(cfg.model.backbone), MODELS.build(cfg.model.neck)
+    d2 = instantiate(LazyConfig.load(detectron2_twin(path)).model.backbone)
+    assert count(backbone) == count(d2.net)
+    assert count(neck) == count(d2) - count(d2.net)
+    ours = {k: v.shape for k, v in backbone.srvit.state_dict().items()}
+    assert ours == {k: v.shape for k, v in d2.net.srvit.state_dict().items()}
+    assert backbone.srvit.window_size == d2.net.srvit.window_size
+    assert [k for k in ours if is_rel_pos(k)] == [k for k in d2.net.srvit.state_dict() if is_rel_pos(k)]
+
+
+def test_detector_parameters_equal_detectron2s():
+    """The whole Mask R-CNN (RPN with 2 convs, 4conv1fc box head and mask head with LN) holds as
+    many parameters as detectron2's ViTDet-style one: 47.1M for SR-ViT-S T=3 (the paper's Table 4)."""
+    cfg = Config.fromfile(FLAGSHIP)
+    cfg.model.backbone.pop("init_cfg")
+    ours = count(MODELS.build(cfg.model))
+    theirs = count(instantiate(LazyConfig.load(os.path.join(D2_CONFIGS, "mask_rcnn_srvit_s_t3.py")).model))
+    assert ours == theirs and round(ours / 1e6, 1) == 47.1
+
+
+def test_pyramid_computes_detectron2s_simple_feature_pyramid():
+    """Our SimpleFeaturePyramid with detectron2's weights gives detectron2's five maps."""
+    torch.manual_seed(0)
+    net = D2Backbone("srvit_t_t2", img_size=64, embed_dim=32, num_heads=2, drop_path_rate=0.0)
+    d2 = D2SimpleFeaturePyramid(net, in_feature="last_feat", out_channels=16, scale_factors=(4.0, 2.0, 1.0, 0.5),
+                                norm="LN", square_pad=64, top_block=LastLevelMaxPool()).eval()
+    backbone = MODELS.build(dict(type="SRViT", variant="srvit_t_t2", img_size=64, embed_dim=32, num_heads=2,
+                                 drop_path_rate=0.0))
+    neck = MODELS.build(dict(type="SimpleFeaturePyramid", in_channels=32, out_channels=16,
+                             norm_cfg=dict(type="LayerNorm2d")))
+    neck.init_weights()
+    backbone.srvit.load_state_dict(net.srvit.state_dict())
+    theirs = [p for n, p in d2.named_parameters() if not n.startswith("net.")]
+    mine = list(neck.parameters())
+    assert [p.shape for p in mine] == [p.shape for p in theirs]
+    with torch.no_grad():
+        for p, q in zip(mine, theirs):
+            q.normal_(0, 0.2)  # LayerNorms away from (1, 0), so that an unapplied norm shows
+            p.copy_(q)
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)  # float64: LayerNorms amplify float32 rounding
+    with torch.no_grad():
+        expected = d2.double()(x)
+        got = neck.double()(backbone.double().eval()(x))
+    assert [o.shape[-1] for o in got] == [16, 8, 4, 2, 1]
+    for out, name in zip(got, ["p2", "p3", "p4", "p5", "p6"]):
+        torch.testing.assert_close(out, expected[name], rtol=1e-4, atol=1e-5)
+
+
+def test_bad_pyramid_settings_are_explained():
+    with pytest.raises(ValueError, match="scale factor 3.0 is not supported"):
+        MODELS.build(dict(type="SimpleFeaturePyramid", in_channels=32, scale_factors=(3.0,)))
+    with pytest.raises(ValueError, match="num_outs=3 is fewer than the 4 scale factors"):
+        MODELS.build(dict(type="SimpleFeaturePyramid", in_channels=32, num_outs=3))
+
+
+def test_layer_decay_and_weight_decay_follow_detectron2s_rule():
+    """Each backbone parameter's lr factor is the one detectron2's optimizer gives it (the
+    shared-block rule of srvit_backbones.layer_decay), heads get 1; the relative-position
+    tables, position embedding, norms and biases get no weight decay."""
+    path = os.path.join(CONFIG_DIR, "mask_rcnn_srvit_s_t3_win_lsj.py")
+    cfg = Config.fromfile(path)
+    cfg.model.backbone.update(img_size=(64, 64), embed_dim=32, num_heads=2, window_size=2)
+    cfg.model.backbone.pop("init_cfg")
+    cfg.optim_wrapper.type = "OptimWrapper"  # AmpOptimWrapper needs a GPU; the constructor is the same
+    model = MODELS.build(cfg.model)
+    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    names = {id(p): n for n, p in model.named_parameters()}
+    scale, decay = {}, {}
+    for group in wrapper.optimizer.param_groups:
+        for p in group["params"]:
+            scale[names[id(p)]], decay[names[id(p)]] = group["lr"] / 1e-4, group["weight_decay"]
+    d2_cfg = LazyConfig.load(detectron2_twin(path))
+    d2_cfg.model.backbone.net.update(img_size=64, embed_dim=32, num_heads=2, window_size=2)
+    d2_model = instantiate(d2_cfg.model)
+    d2_scale = {}
+    for group in srvit_optimizer_params(d2_model, base_lr=1.0, lr_decay=0.7):
+        for p in group["params"]:
+            d2_scale[next(n for n, q in d2_model.named_parameters() if q is p)] = group["lr"]
+    core = [n for n in scale if n.startswith("backbone.srvit.")]
+    assert len(core) == sum(1 for n in d2_scale if n.startswith("backbone.net.srvit."))
+    for name in core:
+        d2_name = name.replace("backbone.srvit.", "backbone.net.srvit.")
+        assert scale[name] == pytest.approx(d2_scale[d2_name]), name
+        assert scale[name] == pytest.approx(lr_decay_factor(name, 0.7, [1, 4, 3, 2, 1, 1], "backbone.srvit.")), name
+    assert len(set(round(s, 12) for s in scale.values())) == 14  # ids 0..13: embeddings, 12 blocks, heads
+    assert all(scale[n] == 1.0 for n in scale if not n.startswith("backbone."))
+    rel_pos = [n for n in core if is_rel_pos(n)]
+    assert rel_pos and all(decay[n] == 0.0 for n in rel_pos + ["backbone.srvit.pos_embed"])
+    assert all(decay[n] == 0.0 for n in scale if n.endswith(".bias") or ".norm" in n)
+    assert decay["backbone.srvit.units.1.blocks.0.attn.qkv.weight"] == 0.1
+    assert decay["roi_head.bbox_head.shared_fcs.0.weight"] == 0.1
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def test_pretraining_and_timm_checkpoints_load_into_the_backbone(tmp_path):
+    """A tools/pretrain.py checkpoint (EMA on request, position table resized) and a timm DeiT
+    state dict (blocks.i mapped onto the units) land in the mmdet backbone by value."""
+    kw = dict(embed_dim=64, num_heads=2)
+    weights, ema = randomize_routers(create_srvit("srvit_t_t2", **kw)), create_srvit("srvit_t_t2", **kw)
+    path = str(tmp_path / "pre.pth")
+    torch.save({"model": weights.state_dict(), "model_ema": ema.state_dict(), "epoch": 3}, path)
+    for prefer_ema, source in ((False, weights), (True, ema)):
+        backbone = MODELS.build(dict(type="SRViT", variant="srvit_t_t2", img_size=224, prefer_ema=prefer_ema,
+                                     init_cfg=dict(type="Pretrained", checkpoint=path), **kw))
+        backbone.init_weights()
+        loaded, expected = backbone.srvit.state_dict(), source.state_dict()
+        assert [k for k, v in loaded.items() if not torch.equal(v, expected[k])] == []
+
+    deit = timm.create_model("deit_small_patch16_224", pretrained=False, num_classes=1000)
+    path = str(tmp_path / "deit.pth")
+    torch.save(deit.state_dict(), path)
+    backbone = MODELS.build(dict(type="SRViT", variant="srvit_deit_s", img_size=224,
+                                 init_cfg=dict(type="Pretrained", checkpoint=path)))
+    backbone.init_weights()
+    core = backbone.srvit
+    assert torch.equal(core.units[11].blocks[0].mlp.fc2.weight, deit.blocks[11].mlp.fc2.weight)
+    assert torch.equal(core.units[0].blocks[0].attn.qkv.weight, deit.blocks[0].attn.qkv.weight)
+    assert torch.equal(core.pos_embed, deit.pos_embed) and torch.equal(core.patch_embed.proj.weight,
+                                                                         deit.patch_embed.proj.weight)
+
+    wide = str(tmp_path / "wide.pth")
+    torch.save({"model": create_srvit("srvit_t_t2", embed_dim=96, num_heads=2).state_dict()}, wide)
+    backbone = MODELS.build(dict(type="SRViT", variant="srvit_t_t2", img_size=224,
+                                 init_cfg=dict(type="Pretrained", checkpoint=wide), **kw))
+    with pytest.raises(CheckpointError, match="width is 96, the model's 64"):
+        backbone.init_weights()
+
+
+def test_detectron2_model_final_loads_into_the_backbone(tmp_path_factory):
+    """A detectron2 Mask R-CNN's model_final.pth gives the mmdet backbone its backbone, by value."""
+    final = trained_detectron2(tmp_path_factory) / "out" / "model_final.pth"
+    saved = torch.load(final, map_location="cpu", weights_only=True)["model"]
+    prefix = "backbone.net.srvit."
+    expected = {k[len(prefix):]: v for k, v in saved.items() if k.startswith(prefix)}
+    backbone = MODELS.build(dict(type="SRViT", variant="srvit_t_t2", img_size=128, embed_dim=64, num_heads=2,
+                                 init_cfg=dict(type="Pretrained", checkpoint=str(final))))
+    backbone.init_weights()
+    loaded = backbone.srvit.state_dict()
+    assert loaded.keys() == expected.keys()
+    assert [k for k, v in expected.items() if not torch.equal(loaded[k], v)] == []
+
+
+# ----------------------------------------------------------------------------- end to end
+ITERS = 60  # the quickstart run the end-to-end tests share: 60 iterations at 128 pixels
+SMALL = ["model.backbone.img_size=(128,128)", "model.data_preprocessor.batch_augments.0.size=(128,128)",
+         "train_dataloader.dataset.pipeline.3.scale=(128,128)", "train_dataloader.dataset.pipeline.4.crop_size=(128,128)",
+         "train_dataloader.dataset.pipeline.6.size=(128,128)", "test_dataloader.dataset.pipeline.1.scale=(128,128)",
+         "test_dataloader.dataset.pipeline.2.size=(128,128)", "val_dataloader.dataset.pipeline.1.scale=(128,128)",
+         "val_dataloader.dataset.pipeline.2.size=(128,128)", "train_dataloader.batch_size=2",
+         "default_hooks.logger.interval=5", "randomness.seed=0"]
+SCHEDULE = [f"train_cfg.max_iters={ITERS}", f"train_cfg.val_interval={ITERS}", "default_hooks.checkpoint.interval=30",
+            "param_scheduler.0.end=6", "param_scheduler.1.begin=6", f"param_scheduler.1.end={ITERS}",
+            f"param_scheduler.1.T_max={ITERS - 6}"]
+
+
+@pytest.fixture(scope="module")
+def coco_root(tmp_path_factory):
+    """Synthetic COCO in mmdet's layout: ROOT/datasets/coco/{train2017,val2017,annotations}."""
+    root = tmp_path_factory.mktemp("mmdet")
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_synthetic_coco.py"), "--root",
+                    str(root / "datasets"), "--train", "8", "--val", "4", "--size", "128", "160"], check=True)
+    return root
+
+
+def scalars(work):
+    (path,) = glob.glob(os.path.join(work, "*", "vis_data", "scalars.json"))
+    return [json.loads(line) for line in open(path)]
+
+
+@pytest.fixture(scope="module")
+def trained(coco_root):
+    """The quickstart config through tools/train_det.py: (work dir, log)."""
+    work = str(coco_root / "work")
+    proc, log = run(coco_root, os.path.join(ROOT, "tools", "train_det.py"), QUICKSTART, "--work-dir", work,
+                    "--cfg-options", *SMALL, *SCHEDULE)
+    assert proc.returncode == 0, log[-3000:]
+    return work, log
+
+
+def test_quickstart_learns(trained):
+    """The loss falls and the detector finds the shapes: box and mask AP from mmdet's CocoMetric
+    above a floor (measured: bbox {BBOX}, segm {SEGM} at this seed; an untrained one scores 0.0)."""
+    work, log = trained
+    records = scalars(work)
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert len(losses) == ITERS // 5 and all(torch.isfinite(torch.tensor(losses)))
+    assert sum(losses[-3:]) < 0.7 * sum(losses[:3]), losses
+    (metrics,) = [r for r in records if "coco/bbox_mAP" in r]
+    assert metrics["coco/bbox_mAP"] > 0.05 and metrics["coco/segm_mAP"] > 0.05, metrics
+    assert os.path.exists(os.path.join(work, f"iter_{ITERS}.pth"))
+
+
+class Resumed(Exception):
+    """Raised by StopAfterResume: training would continue from here."""
+
+
+class StopAfterResume(Hook):
+    def before_train(self, runner):
+        raise Resumed
+
+
+def test_resume_restores_the_checkpointed_state(coco_root, trained, monkeypatch):
+    """tools/train_det.py --resume PATH (mmdet's flag) restores by value what iter_30.pth holds:
+    iteration, weights, lr, AdamW moments, scheduler steps."""
+    work, _ = trained
+    monkeypatch.chdir(coco_root)
+    ckpt_path = os.path.join(work, "iter_30.pth")
+    runner = load_tool("train_det").build_runner([QUICKSTART, "--work-dir", str(coco_root / "resumed"), "--resume",
+                                                  ckpt_path, "--cfg-options", *SMALL, *SCHEDULE])
+    runner.register_hook(StopAfterResume(), priority="LOWEST")
+    with pytest.raises(Resumed):
+        runner.train()
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    assert runner.iter == ckpt["meta"]["iter"] == 30
+    weights = runner.model.state_dict()
+    assert weights.keys() == ckpt["state_dict"].keys()
+    assert [k for k, v in ckpt["state_dict"].items() if not torch.equal(weights[k], v)] == []
+    optimizer, saved = runner.optim_wrapper.optimizer, ckpt["optimizer"]
+    assert [g["lr"] for g in optimizer.param_groups] == [g["lr"] for g in saved["param_groups"]]
+    assert 0 < saved["param_groups"][-1]["lr"] < 4e-4  # mid-schedule: neither reset nor 0
+    param = dict(runner.model.named_parameters())["backbone.srvit.units.1.router.weight"]
+    group, j = next((g, j) for g, params in enumerate(optimizer.param_groups)
+                    for j, p in enumerate(params["params"]) if p is param)
+    state, saved_state = optimizer.state[param], saved["state"][saved["param_groups"][group]["params"][j]]
+    assert saved_state["exp_avg"].abs().sum() > 0
+    for key in ("step", "exp_avg", "exp_avg_sq"):
+        assert torch.equal(state[key], saved_state[key]), key
+    assert [s.last_step for s in runner.param_schedulers] == [s["last_step"] for s in ckpt["param_schedulers"]]
+
+
+def test_mmdet_checkpoint_loads_into_detectron2_and_timm(trained):
+    """The trained mmdet detector's backbone initialises a detectron2 detector (train.init_checkpoint's
+    checkpointer) and timm.create_model(pretrained=True), by value."""
+    work, _ = trained
+    path = os.path.join(work, f"iter_{ITERS}.pth")
+    saved = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+    core = {k[len("backbone.srvit."):]: v for k, v in saved.items() if k.startswith("backbone.srvit.")}
+
+    cfg = LazyConfig.load(os.path.join(D2_CONFIGS, "quickstart", "mask_rcnn_srvit_tiny_cpu.py"))
+    cfg.model.backbone.net.img_size = 128
+    model = instantiate(cfg.model)
+    SRViTCheckpointer(model).load(path)
+    loaded = model.backbone.net.srvit.state_dict()
+    assert loaded.keys() == core.keys()
+    assert [k for k, v in core.items() if not torch.equal(loaded[k], v)] == []
+
+    net = timm.create_model("srvit_t_t2", pretrained=True, pretrained_cfg_overlay=dict(file=path), img_size=128,
+                            embed_dim=64, num_heads=2, pretrained_strict=False)
+    loaded = net.state_dict()
+    assert [k for k, v in core.items() if not torch.equal(loaded[k], v)] == []
+
+
+def test_mim_train_and_test_run_our_config(coco_root, trained):
+    """`mim train mmdet CONFIG` and `mim test mmdet CONFIG --checkpoint CKPT` (mmdet's own
+    tools/train.py and test.py) run the shipped config as it is."""
+    work, _ = trained
+    mim_work = str(coco_root / "mim")
+    short = ["train_cfg.max_iters=2", "train_cfg.val_interval=2", "param_scheduler.0.end=1",
+             "param_scheduler.1.begin=1", "param_scheduler.1.end=2", "param_scheduler.1.T_max=1"]
+    proc, log = run(coco_root, "-m", "mim", "train", "mmdet", QUICKSTART, "--work-dir", mim_work,
+                    "--cfg-options", *SMALL, *short)
+    assert proc.returncode == 0, log[-3000:]
+    assert "Iter(train) [2/2]" in log and "coco/bbox_mAP" in log
+    proc, log = run(coco_root, "-m", "mim", "test", "mmdet", QUICKSTART, "--checkpoint",
+                    os.path.join(work, f"iter_{ITERS}.pth"), "--work-dir", mim_work, "--cfg-options", *SMALL)
+    assert proc.returncode == 0, log[-3000:]
+    assert "coco/segm_mAP" in log
+
+
+def test_our_test_det_and_its_errors(coco_root, trained, tmp_path, monkeypatch):
+    work, _ = trained
+    out = str(tmp_path / "results.pkl")
+    proc, log = run(coco_root, os.path.join(ROOT, "tools", "test_det.py"), "quickstart/mask_rcnn_srvit_tiny_cpu.py",
+                    os.path.join(work, f"iter_{ITERS}.pth"), "--work-dir", str(tmp_path), "--out", out,
+                    "--cfg-options", *SMALL)
+    assert proc.returncode == 0, log[-3000:]
+    assert "coco/bbox_mAP" in log and os.path.getsize(out) > 0
+
+    monkeypatch.chdir(tmp_path)  # no datasets/ here
+    with pytest.raises(SystemExit) as missing:
+        load_tool("train_det").main([QUICKSTART, "--work-dir", str(tmp_path / "w")])
+    message = str(missing.value)
+    assert "'datasets/coco/annotations/instances_train2017.json' does not exist" in message
+    for expected in ("DATA_ROOT/train2017", "DATA_ROOT/annotations/instances_val2017.json",
+                     "--cfg-options train_dataloader.dataset.data_root=", "val_evaluator.ann_file=",
+                     "tools/make_synthetic_coco.py"):
+        assert expected in message
+    with pytest.raises(SystemExit, match="checkpoint 'missing.pth' does not exist"):
+        load_tool("test_det").main([QUICKSTART, "missing.pth"])
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA GPU.*optim_wrapper.type=OptimWrapper"):
+            load_tool("train_det").main([FLAGSHIP, "--work-dir", str(tmp_path / "w")])
+
+
+def test_det_inferencer_and_inference_detector(coco_root, trained):
+    """mmdet's own inference APIs take our config and checkpoint."""
+    from mmdet.apis import DetInferencer, inference_detector, init_detector
+
+    work, _ = trained
+    ckpt = os.path.join(work, f"iter_{ITERS}.pth")
+    cfg = Config.fromfile(QUICKSTART)
+    cfg.merge_from_dict({o.split("=")[0]: eval(o.split("=")[1]) for o in SMALL if o.startswith("model.")})
+    images = sorted(glob.glob(str(coco_root / "datasets" / "coco" / "val2017" / "*.jpg")))
+    model = init_detector(cfg, ckpt, device="cpu")
+    result = inference_detector(model, images[0])
+    assert len(result.pred_instances) > 0 and result.pred_instances.masks.shape[-2:] == (128, 160) or \
+        result.pred_instances.masks.shape[-2:] == (160, 128)
+    inferencer = DetInferencer(model=cfg, weights=ckpt, device="cpu")
+    out = inferencer(images[:2], return_vis=False, no_save_pred=True, pred_score_thr=0.01)
+    assert len(out["predictions"]) == 2 and all(len(p["bboxes"]) > 0 for p in out["predictions"])
+
+
+def test_demo_and_plot_curves_read_mmdet(coco_root, trained, tmp_path):
+    work, _ = trained
+    demo = load_tool("demo")
+    images = str(coco_root / "datasets" / "coco" / "val2017")
+    opts = [o for o in SMALL if o.startswith(("model.", "test_dataloader."))]
+    drawn, raw = demo.run(demo.parse_args([QUICKSTART, "--checkpoint", os.path.join(work, f"iter_{ITERS}.pth"),
+                                           "--input", images, "--output", str(tmp_path / "demo"), "--save-raw",
+                                           "--score-threshold", "0.05", "--opts", *opts]))
+    assert len(drawn) == 4 and all(os.path.getsize(p) > 0 for p in drawn)
+    results = json.load(open(raw[0]))
+    assert results and {r["category_id"] for r in results} <= {37, 72, 38} and "segmentation" in results[0]
+
+    plot = load_tool("plot_curves")
+    out = str(tmp_path / "curves.png")
+    plot.main([work, "--output", out])
+    assert os.path.getsize(out) > 0
+
+
+# ----------------------------------------------------------------------------- multi-process
+def _ddp_worker(rank, init_file):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    register_all_modules()
+    cfg = shrink(Config.fromfile(FLAGSHIP))
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    ddp = MMDistributedDataParallel(module=model, broadcast_buffers=False, find_unused_parameters=False)
+    Fp16CompressionHook().before_train(type("Runner", (), {"model": ddp})())  # as the flagship's custom_hooks
+    wrapper = build_optim_wrapper(ddp, cfg.optim_wrapper)
+    logs = [ddp.train_step(batch(seed=10 * rank + i), wrapper) for i in range(2)]  # each rank its own data
+    assert all(torch.isfinite(log["loss"]) for log in logs)
+    # different data on each rank, identical weights after two steps: gradients were averaged
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(2)]
+    dist.all_gather(gathered, flat)
+    assert torch.equal(gathered[0], gathered[1])
+    dist.destroy_process_group()
+
+
+def test_flagship_trains_under_two_process_gloo_ddp(tmp_path):
+    """mmengine's DDP wrapper with its defaults (find_unused_parameters=False) and the recipe's
+    fp16 gradient compression: two steps, each rank on its own data."""
+    mp.spawn(_ddp_worker, args=(str(tmp_path / "dist_init"),), nprocs=2, join=True)
