@@ -82,3 +82,38 @@ def randomize_routers(model, std: float = 0.3):
             if ".router." in name or ".step_transforms." in name:
                 p.normal_(0, std)
     return model
+
+
+def assert_mmengine_resume_restores(runner, ckpt_path, param_name, max_lr):
+    """``runner.train()`` stopped right after mmengine resumed ``ckpt_path``: the iteration,
+    weights, lr, AdamW moments of ``param_name`` and scheduler steps are the checkpoint's, by value."""
+    import pytest
+    from mmengine.hooks import Hook
+
+    class Resumed(Exception):
+        pass
+
+    class StopAfterResume(Hook):
+        def before_train(self, runner):
+            raise Resumed
+
+    runner.register_hook(StopAfterResume(), priority="LOWEST")
+    with pytest.raises(Resumed):
+        runner.train()
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    assert runner.iter == ckpt["meta"]["iter"]
+    weights = runner.model.state_dict()
+    assert weights.keys() == ckpt["state_dict"].keys()
+    assert [k for k, v in ckpt["state_dict"].items() if not torch.equal(weights[k], v)] == []
+    optimizer, saved = runner.optim_wrapper.optimizer, ckpt["optimizer"]
+    assert [g["lr"] for g in optimizer.param_groups] == [g["lr"] for g in saved["param_groups"]]
+    assert 0 < saved["param_groups"][-1]["lr"] < max_lr  # mid-schedule: neither reset nor 0
+    param = dict(runner.model.named_parameters())[param_name]
+    group, j = next((g, j) for g, params in enumerate(optimizer.param_groups)
+                    for j, p in enumerate(params["params"]) if p is param)
+    state, saved_state = optimizer.state[param], saved["state"][saved["param_groups"][group]["params"][j]]
+    assert saved_state["exp_avg"].abs().sum() > 0
+    for key in ("step", "exp_avg", "exp_avg_sq"):
+        assert torch.equal(state[key], saved_state[key]), key
+    assert [s.last_step for s in runner.param_schedulers] == [s["last_step"] for s in ckpt["param_schedulers"]]
+    return ckpt

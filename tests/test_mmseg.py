@@ -11,7 +11,6 @@ import mmseg
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.hooks import Hook
 from mmengine.optim import build_optim_wrapper
 from mmseg.registry import MODELS
 from mmseg.utils import register_all_modules
@@ -20,7 +19,7 @@ import srvit_backbones
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import CheckpointError, create_srvit
 from srvit_backbones.layer_decay import lr_decay_factor
-from helpers import load_tool
+from helpers import assert_mmengine_resume_restores, load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "mmseg_configs")
@@ -232,42 +231,15 @@ def trained(seg_root):
     return work, log
 
 
-class Resumed(Exception):
-    """Raised by StopAfterResume: training would continue from here."""
-
-
-class StopAfterResume(Hook):
-    """Ends runner.train() after the checkpoint was resumed, before the next iteration."""
-
-    def before_train(self, runner):
-        raise Resumed
-
-
 def check_resume_restores_state(seg_root, work, monkeypatch):
     """--resume through mmengine's Runner (tools/train_seg.py's) restores, by value, what
     iter_24.pth holds: iteration, weights, lr, AdamW moments, scheduler steps."""
     monkeypatch.chdir(seg_root)
     runner = load_tool("train_seg").build_runner([QUICKSTART, "--work-dir", work, "--resume",
                                                   "--cfg-options", *RESUMED])
-    runner.register_hook(StopAfterResume(), priority="LOWEST")
-    with pytest.raises(Resumed):
-        runner.train()
-    ckpt = torch.load(os.path.join(work, "iter_24.pth"), map_location="cpu", weights_only=True)
-    assert runner.iter == ckpt["meta"]["iter"] == 24
-    weights = runner.model.state_dict()
-    assert weights.keys() == ckpt["state_dict"].keys()
-    assert [k for k, v in ckpt["state_dict"].items() if not torch.equal(weights[k], v)] == []
-    optimizer, saved = runner.optim_wrapper.optimizer, ckpt["optimizer"]
-    assert [g["lr"] for g in optimizer.param_groups] == [g["lr"] for g in saved["param_groups"]]
-    assert 0 < saved["param_groups"][0]["lr"] < 1e-3  # mid-schedule: neither reset nor 0
-    param = dict(runner.model.named_parameters())["backbone.srvit.units.1.router.weight"]
-    group, j = next((g, j) for g, params in enumerate(optimizer.param_groups)
-                    for j, p in enumerate(params["params"]) if p is param)
-    state, saved_state = optimizer.state[param], saved["state"][saved["param_groups"][group]["params"][j]]
-    assert saved_state["exp_avg"].abs().sum() > 0
-    for key in ("step", "exp_avg", "exp_avg_sq"):
-        assert torch.equal(state[key], saved_state[key]), key
-    assert [s.last_step for s in runner.param_schedulers] == [s["last_step"] for s in ckpt["param_schedulers"]]
+    ckpt = assert_mmengine_resume_restores(runner, os.path.join(work, "iter_24.pth"),
+                                           "backbone.srvit.units.1.router.weight", max_lr=1e-3)
+    assert ckpt["meta"]["iter"] == 24
 
 
 def test_mmseg_own_train_test_and_resume(seg_root, trained, monkeypatch):

@@ -120,7 +120,7 @@ class _MMDetPredict(nn.Module):
 
 def measure_mmdet_detector(path):
     """One fvcore pass over the whole Mask R-CNN's prediction (backbone, pyramid, RPN, box head on
-    the test proposals) on an image of the pipeline's padded size, as ``measure_detector``."""
+    the test proposals) on a square image of the test resize's size, as ``measure_detector``."""
     from fvcore.nn import FlopCountAnalysis
     from mmdet.registry import MODELS
     from mmdet.utils import register_all_modules
@@ -130,8 +130,8 @@ def measure_mmdet_detector(path):
 
     register_all_modules()
     cfg = Config.fromfile(path)
-    pad = next((t for t in cfg.test_dataloader.dataset.pipeline if t.type == "Pad"), None)
-    side = int(pad.size[0]) if pad is not None and pad.get("size") else 1024
+    resize = next((t for t in cfg.test_dataloader.dataset.pipeline if t.type == "Resize"), None)
+    side = int(max(resize.scale)) if resize is not None and resize.get("scale") else 1024
     cfg.model.backbone.pop("init_cfg", None)
     torch.manual_seed(0)
     model = MODELS.build(cfg.model).eval()

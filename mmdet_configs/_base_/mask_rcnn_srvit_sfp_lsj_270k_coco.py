@@ -56,10 +56,12 @@ train_pipeline = [
     dict(type='Pad', size=image_size, pad_val=dict(img=(114, 114, 114))),
     dict(type='PackDetInputs'),
 ]
+# Test images are padded by the data preprocessor to a multiple of 32, not to 1024 (mmdet's Pad sets
+# img_shape to the padded size, so a detection in the padding falls outside the image and the mask
+# paste fails); the backbone resizes its position table to the grid.
 test_pipeline = [
     dict(type='LoadImageFromFile', backend_args=backend_args),
     dict(type='Resize', scale=image_size, keep_ratio=True),
-    dict(type='Pad', size=image_size, pad_val=dict(img=(114, 114, 114))),
     dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
     dict(type='PackDetInputs', meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
 ]
@@ -83,7 +85,9 @@ param_scheduler = [
     dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=1000),
     dict(type='CosineAnnealingLR', T_max=max_iters - 1000, eta_min=0.0, by_epoch=False, begin=1000, end=max_iters),
 ]
-train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=max_iters, val_interval=interval)
+train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=interval)
+val_cfg = dict(type='ValLoop')
+test_cfg = dict(type='TestLoop')
 default_hooks = dict(
     logger=dict(interval=50),
     checkpoint=dict(by_epoch=False, interval=interval, save_last=True, max_keep_ckpts=3))

@@ -1,5 +1,6 @@
 """``train.init_checkpoint`` for SR-ViT: a DetectionCheckpointer that recognises core
-(pretraining / timm DeiT) checkpoints and loads them into the SR-ViT backbone through the
+(pretraining / timm DeiT) checkpoints and mmengine ones (an mmdet or mmseg model's
+``iter_N.pth``) and loads their backbone into the SR-ViT backbone through the
 package's one conversion path (keys mapped, head dropped, position embedding resized),
 logging what did not load. Detectron2's own checkpoints (resume, eval) load as usual.
 """
@@ -20,6 +21,12 @@ def is_core_checkpoint(obj) -> bool:
     return "pos_embed" in sd and not any(k.startswith(_DETECTOR_PREFIXES) for k in sd)
 
 
+def is_mmengine_checkpoint(obj) -> bool:
+    """A checkpoint an mmengine Runner saved (mmdet, mmseg): its weights under ``state_dict``,
+    its run under ``meta``; the SR-ViT backbone inside is found by its patch embedding."""
+    return isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict) and isinstance(obj.get("meta"), dict)
+
+
 class SRViTCheckpointer(DetectionCheckpointer):
     """Args as DetectionCheckpointer. A core checkpoint loads into every ``SRViTBackbone`` of
     the model with that backbone's ``prefer_ema`` and ``allow_partial`` settings (config keys
@@ -28,7 +35,7 @@ class SRViTCheckpointer(DetectionCheckpointer):
     def _load_file(self, filename):
         if filename.endswith((".pth", ".pt", ".bin")):
             obj = read_checkpoint(filename)
-            if is_core_checkpoint(obj):
+            if is_core_checkpoint(obj) or is_mmengine_checkpoint(obj):
                 return {"model": obj, "__srvit_core__": True}
         return super()._load_file(filename)
 
@@ -37,7 +44,8 @@ class SRViTCheckpointer(DetectionCheckpointer):
             return super()._load_model(checkpoint)
         backbones = [m for m in self.model.modules() if isinstance(m, SRViTBackbone)]
         if not backbones:
-            raise ValueError("train.init_checkpoint is an SR-ViT checkpoint, but the model has no SRViTBackbone")
+            raise ValueError("train.init_checkpoint is an SR-ViT (or mmengine) checkpoint, but the model has no "
+                             "SRViTBackbone")
         for backbone in backbones:  # the report (what did not load) goes to the log
             load_pretrained(backbone.srvit, checkpoint["model"], prefer_ema=backbone.prefer_ema,
                             allow_partial=backbone.allow_partial, log=self.logger)
