@@ -294,7 +294,7 @@ def test_mmseg_backbone_takes_bvit_steps_and_token_merging():
     import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 
     backbone = MODELS.build(dict(type="SRViT", variant="bvit_s", img_size=64, embed_dim=64, num_heads=2,
-                                 token_merge_ratio=0.25))
+                                 token_merge_ratio=0.25, _scope_="mmseg"))
     assert backbone.out_indices == [2, 5, 8, 11]
     x = torch.randn(1, 3, 64, 64)
     outs = backbone(x)

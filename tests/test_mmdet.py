@@ -23,6 +23,7 @@ from mmdet.structures import DetDataSample
 from mmdet.structures.mask import BitmapMasks
 from mmdet.utils import register_all_modules
 from mmengine.config import Config
+from mmengine.registry import DefaultScope
 from mmengine.model import MMDistributedDataParallel
 from mmengine.optim import build_optim_wrapper
 from mmengine.structures import InstanceData
@@ -48,6 +49,14 @@ MMDET_TOOLS = os.path.join(os.path.dirname(mmdet.__file__), ".mim", "tools")
 WIDTH, HEADS, SIZE, CHANNELS = 32, 2, 64, 32
 
 register_all_modules()
+
+
+@pytest.fixture(autouse=True)
+def mmdet_scope():
+    """Each test builds in mmdet's registries, whatever scope an earlier test's Runner or
+    demo left current (mmengine's default scope is process-wide)."""
+    with DefaultScope.overwrite_default_scope("mmdet"):
+        yield
 
 
 def config_name(path):

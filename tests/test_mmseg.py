@@ -11,6 +11,7 @@ import mmseg
 import pytest
 import torch
 from mmengine.config import Config
+from mmengine.registry import DefaultScope
 from mmengine.optim import build_optim_wrapper
 from mmseg.registry import MODELS
 from mmseg.utils import register_all_modules
@@ -27,6 +28,14 @@ QUICKSTART = os.path.join(CONFIGS, "quickstart", "upernet_srvit_tiny_cpu.py")
 MMSEG_TOOLS = os.path.join(os.path.dirname(mmseg.__file__), ".mim", "tools")
 
 register_all_modules()
+
+
+@pytest.fixture(autouse=True)
+def mmseg_scope():
+    """Each test builds in mmseg's registries, whatever scope an earlier test's Runner or
+    demo left current (mmengine's default scope is process-wide)."""
+    with DefaultScope.overwrite_default_scope("mmseg"):
+        yield
 
 # Whole segmentor (M): paper Table 4, and as built. The paper counts SR-ViT's last ordinary
 # block; the backbone returns units 1-4 and no longer holds that block (nor runs it), so the

@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 from mmengine.config import Config
+from mmengine.registry import DefaultScope
 from mmengine.model import MMDistributedDataParallel
 from mmengine.optim import build_optim_wrapper
 from mmengine.structures import PixelData
@@ -30,6 +31,14 @@ FLAGSHIP = os.path.join(CONFIG_DIR, "upernet_srvit_s.py")
 WIDTH, HEADS, SIZE = 32, 2, 64
 
 register_all_modules()
+
+
+@pytest.fixture(autouse=True)
+def mmseg_scope():
+    """Each test builds in mmseg's registries, whatever scope an earlier test's Runner or
+    demo left current (mmengine's default scope is process-wide)."""
+    with DefaultScope.overwrite_default_scope("mmseg"):
+        yield
 
 
 def _sync_bn_to_bn(node):

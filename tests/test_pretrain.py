@@ -317,7 +317,7 @@ def test_pretraining_checkpoint_flows_into_both_frameworks(image_folder, tmp_pat
 
     import srvit_backbones.mmseg  # noqa: F401
 
-    seg = MODELS.build(dict(type="SRViT", variant="srvit_t_t2", img_size=64,
+    seg = MODELS.build(dict(type="SRViT", variant="srvit_t_t2", img_size=64, _scope_="mmseg",
                             init_cfg=dict(type="Pretrained", checkpoint=path))).eval()
     seg.init_weights()
     with torch.no_grad():
