@@ -492,8 +492,9 @@ def test_det_inferencer_and_inference_detector(coco_root, trained):
     assert len(out["predictions"]) == 2 and all(len(p["bboxes"]) > 0 for p in out["predictions"])
 
 
-def test_demo_and_plot_curves_read_mmdet(coco_root, trained, tmp_path):
+def test_demo_and_plot_curves_read_mmdet(coco_root, trained, tmp_path, monkeypatch):
     work, _ = trained
+    monkeypatch.chdir(coco_root)  # the config's data_root (datasets/coco/) names the annotation file
     demo = load_tool("demo")
     images = str(coco_root / "datasets" / "coco" / "val2017")
     opts = [o for o in SMALL if o.startswith(("model.", "test_dataloader."))]
