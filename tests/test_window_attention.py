@@ -417,9 +417,10 @@ def test_relative_position_attention_over_a_large_grid_takes_the_fused_kernel_an
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_relative_position_attention_with_dropout_or_bf16_takes_autograd_through_the_kernel():
-    """Attention dropout and low precision are differentiated by autograd block by block:
-    dropout is applied (outputs change, gradients reach every input), bf16 stays close to fp32."""
+def test_relative_position_attention_with_dropout_takes_autograd_through_the_kernel():
+    """Attention dropout is differentiated by autograd block by block: dropout is applied
+    (outputs change, gradients reach every input); low precision keeps the recomputing backward
+    and returns gradients in its own dtype, close to fp32's."""
     from srvit_backbones.models.window import rel_pos_attention
 
     torch.manual_seed(0)
@@ -431,16 +432,125 @@ def test_relative_position_attention_with_dropout_or_bf16_takes_autograd_through
     assert dropped.grad_fn.name() != "_RelPosAttentionBackward"
     assert not torch.allclose(dropped, plain)
     assert all(g.abs().sum() > 0 for g in torch.autograd.grad(dropped.sum(), inputs))
-    low = [t.detach().bfloat16().requires_grad_() for t in inputs]
-    out = rel_pos_attention(*low, (h, w), 0.0, 2 * w * h * w)
-    assert out.dtype == torch.bfloat16 and out.grad_fn.name() != "_RelPosAttentionBackward"
-    torch.testing.assert_close(out.float(), plain, rtol=0.05, atol=0.05)
-    assert all(g.abs().sum() > 0 for g in torch.autograd.grad(out.float().sum(), low))
+    for dtype in (torch.bfloat16, torch.float16):
+        low = [t.detach().to(dtype).requires_grad_() for t in inputs]
+        out = rel_pos_attention(*low, (h, w), 0.0, 2 * w * h * w)
+        assert out.dtype == dtype and out.grad_fn.name() == "_RelPosAttentionBackward"
+        torch.testing.assert_close(out.float(), plain, rtol=0.05, atol=0.05)
+        low_grads = torch.autograd.grad(out.float().square().sum(), low)
+        for g, t, ref in zip(low_grads, low, torch.autograd.grad(plain.square().sum(), inputs, retain_graph=True)):
+            assert g.dtype == dtype
+            assert F.cosine_similarity(g.float().flatten(), ref.flatten(), dim=0) > 0.99
+
+
+def test_the_recomputing_function_takes_one_dtype_and_ignores_autocast():
+    """``_RelPosAttention`` refuses inputs of mixed dtypes (a saved fp32 q next to an fp16 k
+    would be recomputed wrong); ``rel_pos_attention`` casts them to autocast's dtype, and a
+    backward run inside the autocast region (on the CPU it runs in the caller's thread) gives
+    the gradients of the autocast-free computation in the inputs' dtypes."""
+    from srvit_backbones.models.window import _RelPosAttention, rel_pos_attention
+
+    torch.manual_seed(0)
+    h, w = 4, 5
+    q, k, v = (torch.randn(1, 2, h * w, 8, requires_grad=True) for _ in range(3))
+    terms = [torch.randn(1, 2, h, w, h), torch.randn(1, 2, h, w, w)]
+    with pytest.raises(TypeError, match="inputs of one dtype.*rel_pos_attention"):
+        _RelPosAttention.apply(q, k.bfloat16(), v, *terms, None, "cpu")
+    tables = [torch.randn(2 * h - 1, 8, requires_grad=True), torch.randn(2 * w - 1, 8, requires_grad=True)]
+    inputs = [q, k.double().detach().requires_grad_(), v, *tables]  # mixed dtypes in
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = rel_pos_attention(*inputs, (h, w))
+        assert out.dtype == torch.bfloat16 and out.grad_fn.name() == "_RelPosAttentionBackward"
+        grads = torch.autograd.grad(out.float().square().sum(), inputs)
+    reference = [t.detach().bfloat16().requires_grad_() for t in inputs[:3]] + \
+        [t.detach().clone().requires_grad_() for t in tables]  # bf16 q, k, v; fp32 tables (cast inside)
+    expected = torch.autograd.grad(rel_pos_attention(*reference, (h, w)).float().square().sum(), reference)
+    for g, e, t in zip(grads, expected, inputs):
+        assert g.dtype == t.dtype
+        torch.testing.assert_close(g, e.to(t.dtype), rtol=0, atol=0)
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return F.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0).item()
+
+
+AMP_MODELS = {
+    "windowed_rel_pos": dict(window_size=2, use_rel_pos=True),
+    "global_rel_pos": dict(use_rel_pos=True),
+    "padded_windows_rel_pos": dict(window_size=3, use_rel_pos=True),  # a 4x4 grid in 3x3 windows
+    "token_merging": dict(token_merge_ratio=0.5),
+    "hard_aggregation": dict(aggregation="hard", window_size=2, use_rel_pos=True),
+    "soft_aggregation": dict(),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("options", AMP_MODELS.values(), ids=AMP_MODELS.keys())
+def test_mixed_precision_agrees_with_fp32(options, dtype):
+    """A training step under CPU autocast (how a GPU's fp16 / bf16 AMP runs here): the
+    features agree with fp32's (cosine >= 0.999) and so does every parameter's gradient
+    (>= 0.99), the recomputed attention included."""
+    model = randomized(tiny(**options), seed=1).train()
+    with torch.no_grad():  # small weights: a randomized model's features are not saturated
+        for p in model.parameters():
+            p.mul_(0.5)
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+
+    def step(autocast):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=dtype, enabled=autocast):
+            features = model.forward_features(x)
+        weights = torch.randn(features.shape, generator=torch.Generator().manual_seed(1))
+        (features.float() * weights).sum().backward()
+        return features.float().detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                            if p.grad is not None}  # the head has none
+
+    features, grads = step(False)
+    low_features, low_grads = step(True)
+    assert low_grads.keys() == grads.keys() and len(grads) == len(list(model.parameters())) - 2
+    assert _cosine(low_features, features) >= 0.999
+    for name, grad in grads.items():
+        if grad.abs().max() > 0:
+            assert _cosine(low_grads[name], grad) >= 0.99, name
+
+
+@pytest.mark.parametrize("grid,window", [((6, 7), 3), ((6, 6), 3), ((9, 9), 0)],
+                         ids=["padded_windows", "windows", "global"])
+@pytest.mark.parametrize("block_elements", [None, 200], ids=["default_blocks", "small_blocks"])
+def test_the_gpu_choices_of_kernel_and_blocks_equal_the_cpu_ones(grid, window, block_elements):
+    """Off the CPU, every block takes the fused kernel and the backward works in larger blocks
+    (``uses_fused_kernel``, ``default_block_elements``, chosen from the device type). Passing
+    'cuda' runs those choices here: outputs and gradients equal the CPU choices' to 1e-5, for
+    windows (padded to whole windows by ``window_qkv``) and the global grid."""
+    from srvit_backbones.models.window import default_block_elements, rel_pos_attention, uses_fused_kernel
+
+    torch.manual_seed(0)
+    heads, C = 2, 8
+    size = (window, window) if window else grid
+    keys = size[0] * size[1]
+    assert uses_fused_kernel("cuda", torch.float32, keys, 0.0) and not uses_fused_kernel("cpu", torch.float32, keys, 0.0)
+    assert default_block_elements("cuda", fused=False) > default_block_elements("cpu", fused=False)
+
+    qkv = torch.randn(2, grid[0] * grid[1], 3 * heads * C)
+    if window:
+        q, k, v = window_qkv(qkv, torch.randn(3 * heads * C), grid, window, heads).unbind(0)
+    else:
+        q, k, v = qkv.view(2, -1, 3, heads, C).permute(2, 0, 3, 1, 4).unbind(0)
+    inputs = [t.contiguous().requires_grad_() for t in (q, k, v)]
+    inputs += [torch.randn(2 * n - 1, C).mul_(0.3).requires_grad_() for n in size]
+    results = {}
+    for device_type in ("cpu", "cuda"):
+        out = rel_pos_attention(*inputs, size, 0.0, block_elements, device_type=device_type)
+        results[device_type] = (out, torch.autograd.grad((out * out.detach().cos()).sum(), inputs))
+    (cpu_out, cpu_grads), (gpu_out, gpu_grads) = results["cpu"], results["cuda"]
+    torch.testing.assert_close(gpu_out, cpu_out, rtol=1e-5, atol=1e-5)
+    for a, b in zip(gpu_grads, cpu_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_relative_position_attention_keeps_no_query_by_key_tensor_for_backward():
     """Training memory: the recomputing backward saves tensors of the size of q, k, v and the
-    per-axis terms only; autograd through the kernel (attention dropout) saves every block's
+    per-axis terms only, in fp32 and under fp16 / bf16 autocast; autograd through the kernel (attention dropout) saves every block's
     (heads, queries, keys) bias, which is what the windowed detector used to peak on."""
     from srvit_backbones.models.window import rel_pos_attention
 
@@ -450,16 +560,39 @@ def test_relative_position_attention_keeps_no_query_by_key_tensor_for_backward()
     inputs = [torch.randn(1, heads, N, C, requires_grad=True) for _ in range(3)]
     inputs += [torch.randn(2 * side - 1, C, requires_grad=True) for _ in range(2)]
 
-    def largest_saved(dropout_p):
+    def largest_saved(dropout_p, dtype=None):
         sizes = []
 
         def pack(t):
             sizes.append(t.numel())
             return t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
             rel_pos_attention(*inputs, (side, side), dropout_p)
         return max(sizes)
 
-    assert largest_saved(0.0) <= heads * N * side  # the per-axis terms: (1, heads, side, side, side)
+    for dtype in (None, torch.bfloat16, torch.float16):  # fp32, and fp16 / bf16 autocast
+        assert largest_saved(0.0, dtype) <= heads * N * side  # the per-axis terms: (1, heads, side, side, side)
     assert largest_saved(0.1) >= heads * N * N
+
+
+def test_a_new_depth_keeps_every_relative_position_table_in_use_or_is_refused():
+    """``set_num_steps`` on a relative-position model: a depth at which a block would lose (or
+    need) a windowed or global table is refused before anything changes, naming the block and
+    the fix; an accepted depth trains with a gradient in every parameter (DDP's default
+    ``find_unused_parameters=False`` needs that)."""
+    bvit_like = dict(aggregation="last", step_transforms=False, use_rel_pos=True)
+    model = tiny(window_size=2, **bvit_like)
+    before = (model.num_steps, model.global_attn_indexes, list(model.units[1].window_sizes))
+    with pytest.raises(ValueError, match=r"num_steps=1, block 0 of unit 1 would have global applications, but its "
+                                         r"relative-position tables are for windowed and global applications.*"
+                                         r"build the model with num_steps=1"):
+        model.set_num_steps(1)
+    assert (model.num_steps, model.global_attn_indexes, list(model.units[1].window_sizes)) == before
+
+    for model, depth in ((tiny(window_size=2, **bvit_like), 5), (tiny(**bvit_like), 1), (tiny(**bvit_like), 6)):
+        model = randomized(model)
+        model.set_num_steps(depth)
+        model(torch.randn(2, 3, 64, 64)).sum().backward()
+        assert [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum()] == []

@@ -395,17 +395,39 @@ class SRViT(nn.Module):
         if self.window_size:
             globals_ = set(default_global_attn_indexes(self.layout, num_steps, self.ordinary_blocks,
                                                        self.step_features))
-        offset = 0
-        for u, (unit, (k, t)) in enumerate(zip(self.units, plan)):
-            windows = [0 if i in globals_ else self.window_size for i in range(offset, offset + k * t)]
+        offsets = [sum(k * t for k, t in plan[:u]) for u in range(len(plan))]
+        windows = [[0 if i in globals_ else self.window_size for i in range(offset, offset + k * t)]
+                   for offset, (k, t) in zip(offsets, plan)]
+        if self.use_rel_pos:
+            self._check_rel_pos_tables(windows, num_steps)
+        for u, (unit, (k, t), offset) in enumerate(zip(self.units, plan, offsets)):
             if u in self.recursive_unit_indices:
-                unit.set_num_steps(t, rates[offset:offset + k * t], windows)
+                unit.set_num_steps(t, rates[offset:offset + k * t], windows[u])
             else:
                 unit.drop_path_rates = rates[offset:offset + k * t]
-            offset += k * t
         self.num_steps = num_steps
         self.global_attn_indexes = tuple(sorted(globals_))
         self._update_features()
+
+    def _check_rel_pos_tables(self, windows: Sequence[Sequence[int]], num_steps: int):
+        """Refuse a depth at which a block would be applied at an extent (windowed or global)
+        it holds no relative-position table for, or no longer at one it holds a table for: the
+        first cannot run, the second leaves a parameter without a gradient (a DDP error)."""
+        def extents(flags):
+            return " and ".join(name for name, on in flags.items() if on) or "no"
+
+        for u, unit in enumerate(self.units):
+            for j, block in enumerate(unit.blocks):
+                own = windows[u][j::unit.num_blocks]
+                needed = {"windowed": any(own), "global": not all(own)}
+                held = {"windowed": hasattr(block.attn, "window_rel_pos_h"),
+                        "global": hasattr(block.attn, "global_rel_pos_h")}
+                if needed != held:
+                    raise ValueError(
+                        f"at num_steps={num_steps}, block {j} of unit {u} would have {extents(needed)} applications, "
+                        f"but its relative-position tables are for {extents(held)} applications (those of "
+                        f"num_steps={self.num_steps}): build the model with num_steps={num_steps}, which gives every "
+                        f"block the tables its applications use")
 
     def set_token_merge_ratio(self, ratio: float):
         """Token merging in every recursive unit (see the class docstring); 0 = off."""

@@ -93,22 +93,36 @@ def _scores(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> torch.Tenso
     return bias
 
 
-def _fused(q: torch.Tensor, keys: int, dropout_p: float) -> bool:
-    """Whether blocks take the fused kernel (their bias as ``attn_mask``) rather than
-    matmul-softmax-matmul."""
-    return bool(dropout_p) or q.device.type != "cpu" or keys >= FUSED_MIN_KEYS or \
-        q.dtype not in (torch.float32, torch.float64)
+def uses_fused_kernel(device_type: str, dtype: torch.dtype, keys: int, dropout_p: float) -> bool:
+    """Whether the forward blocks take the fused kernel (their bias as ``attn_mask``) rather
+    than matmul-softmax-matmul: everywhere but on the CPU, and there for attention dropout, low
+    precision and grids of FUSED_MIN_KEYS keys and more. A function of the device *type*, so
+    that the GPU's choices run (and are tested) on the CPU too."""
+    return bool(dropout_p) or device_type != "cpu" or keys >= FUSED_MIN_KEYS or \
+        dtype not in (torch.float32, torch.float64)
+
+
+def default_block_elements(device_type: str, fused: bool) -> int:
+    """The score block of a pass that is not given one: cache-sized for matmul-softmax-matmul
+    on the CPU (forward and the recomputing backward), FUSED_BLOCK_ELEMENTS for the fused kernel
+    and on any other device, where each block costs kernel launches."""
+    return FUSED_BLOCK_ELEMENTS if fused or device_type != "cpu" else UNFUSED_BLOCK_ELEMENTS
+
+
+#: precisions whose backward is recomputed in float32 (``_RelPosAttention``)
+LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def _rel_pos_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor, rel_w: torch.Tensor,
-                     budget: Optional[int], dropout_p: float = 0.0, autograd: bool = False) -> torch.Tensor:
-    """The output block by block; with ``autograd``, differentiable by autograd (each block's
-    bias a tensor of its own instead of the reused buffer)."""
+                     budget: Optional[int], device_type: str, dropout_p: float = 0.0,
+                     autograd: bool = False) -> torch.Tensor:
+    """The output block by block, in the inputs' dtype; with ``autograd``, differentiable by
+    autograd (each block's bias a tensor of its own instead of the reused buffer)."""
     B, heads, N, _ = q.shape
     q_h, q_w = rel_h.shape[2:4]
     keys = k.shape[2]
-    fused = _fused(q, keys, dropout_p)
-    blocks = _blocks(B, heads, q_h, q_w, keys, budget or (FUSED_BLOCK_ELEMENTS if fused else UNFUSED_BLOCK_ELEMENTS))
+    fused = uses_fused_kernel(device_type, q.dtype, keys, dropout_p)
+    blocks = _blocks(B, heads, q_h, q_w, keys, budget or default_block_elements(device_type, fused))
     scratch = None if autograd else _scratch(q, blocks, heads, q_w, keys)
     out = v.new_empty(q.shape[:-1] + v.shape[-1:])
     for block in blocks:
@@ -128,79 +142,117 @@ class _RelPosAttention(torch.autograd.Function):
     kernels keep) and recomputes each block's probabilities in ``backward``, as
     FlashAttention does. Autograd through ``F.scaled_dot_product_attention`` with a bias that
     needs a gradient keeps at least every block's bias instead (384 MiB per global application
-    at 1024, fp32; the test of what is saved shows it)."""
+    at 1024, fp32; the test of what is saved shows it).
+
+    Every input has one dtype (``rel_pos_attention`` casts them), and autocast is off inside
+    both passes: the forward runs in that dtype; the backward of fp16 / bf16 inputs works in
+    float32 (probabilities recomputed per block as FlashAttention keeps its softmax statistics)
+    and returns gradients in the inputs' dtype."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rel_h, rel_w, budget: Optional[int]):
-        out = _rel_pos_forward(q, k, v, rel_h, rel_w, budget)
+    def forward(ctx, q, k, v, rel_h, rel_w, budget: Optional[int], device_type: str):
+        dtypes = {t.dtype for t in (q, k, v, rel_h, rel_w)}
+        if len(dtypes) != 1:
+            raise TypeError(f"_RelPosAttention takes inputs of one dtype, got {sorted(map(str, dtypes))}: call "
+                            f"rel_pos_attention, which casts them")
+        with torch.autocast(device_type=device_type, enabled=False):
+            out = _rel_pos_forward(q, k, v, rel_h, rel_w, budget, device_type)
         ctx.save_for_backward(q, k, v, rel_h, rel_w, out)
-        ctx.budget = budget
+        ctx.budget, ctx.device_type = budget, device_type
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, rel_h, rel_w, out = ctx.saved_tensors
-        B, heads, N, C = q.shape
-        q_h, q_w, k_h = rel_h.shape[2:]
-        keys = k.shape[2]
-        grad_out = grad_out.contiguous()
-        # cache-sized blocks on the CPU; larger ones elsewhere, where each block costs kernel launches
-        default = UNFUSED_BLOCK_ELEMENTS if q.device.type == "cpu" else FUSED_BLOCK_ELEMENTS
-        blocks = _blocks(B, heads, q_h, q_w, keys, ctx.budget or default)
-        # blocks of grid rows share their images' keys: their dk, dv add up; whole images' are written once
-        accumulate = blocks[0][1].stop < q_h
-        new, zeros_or_empty = dict(dtype=q.dtype, device=q.device), torch.zeros if accumulate else torch.empty
-        dq, dk, dv = torch.empty(q.shape, **new), zeros_or_empty(k.shape, **new), zeros_or_empty(v.shape, **new)
-        drel_h, drel_w = torch.empty(rel_h.shape, **new), torch.empty(rel_w.shape, **new)
-        delta = (grad_out * out).sum(-1, keepdim=True)
-        scratch = _scratch(q, blocks, heads, q_w, keys)
-        for block in blocks:
-            bs, rs = block
-            qs = slice(rs.start * q_w, rs.stop * q_w)
-            q_c, k_c, v_c, go = q[bs, :, qs], k[bs], v[bs], grad_out[bs, :, qs]
-            b, h, n = q_c.shape[:3]
-            probs = _scores(q_c, k_c, _bias(rel_h, rel_w, block, scratch)).softmax(-1)
-            dv[bs].view(b * h, keys, -1).baddbmm_(probs.view(b * h, n, keys).transpose(1, 2), go.reshape(b * h, n, -1),
-                                                 beta=int(accumulate))
-            dscores = torch.matmul(go, v_c.transpose(-2, -1)).sub_(delta[bs, :, qs]).mul_(probs)
-            del probs
-            dscores_bmm = dscores.view(b * h, n, keys)
-            if accumulate:  # the block's rows of dq are strided over heads: a matmul into them is slower
-                dq[bs, :, qs] = torch.matmul(dscores, k_c).mul_(C ** -0.5)
-            else:
-                dq[bs].view(b * h, n, C).baddbmm_(dscores_bmm, k_c.reshape(b * h, keys, C), beta=0, alpha=C ** -0.5)
-            dk[bs].view(b * h, keys, C).baddbmm_(dscores_bmm.transpose(1, 2), q_c.reshape(b * h, n, C),
-                                                 beta=int(accumulate), alpha=C ** -0.5)
-            dscores = dscores.view(b, h, rs.stop - rs.start, q_w, k_h, -1)
-            torch.sum(dscores, -1, out=drel_h[bs, :, rs])
-            torch.sum(dscores, -2, out=drel_w[bs, :, rs])
-        return dq, dk, dv, drel_h, drel_w, None
+        saved = ctx.saved_tensors
+        dtype = saved[0].dtype
+        work = torch.float32 if dtype in LOW_PRECISION else dtype
+        with torch.autocast(device_type=ctx.device_type, enabled=False):
+            grads = _rel_pos_backward(*(t.to(work) for t in saved), grad_out.to(work), ctx.budget, ctx.device_type)
+        return (*(g.to(dtype) for g in grads), None, None)
+
+
+def _rel_pos_backward(q, k, v, rel_h, rel_w, out, grad_out, budget: Optional[int], device_type: str):
+    """The gradients of q, k, v and the per-axis terms, block by block, each block's
+    probabilities recomputed from q, k and the terms."""
+    B, heads, N, C = q.shape
+    q_h, q_w, k_h = rel_h.shape[2:]
+    keys = k.shape[2]
+    grad_out = grad_out.contiguous()
+    blocks = _blocks(B, heads, q_h, q_w, keys, budget or default_block_elements(device_type, fused=False))
+    # blocks of grid rows share their images' keys: their dk, dv add up; whole images' are written once
+    accumulate = blocks[0][1].stop < q_h
+    new, zeros_or_empty = dict(dtype=q.dtype, device=q.device), torch.zeros if accumulate else torch.empty
+    dq, dk, dv = torch.empty(q.shape, **new), zeros_or_empty(k.shape, **new), zeros_or_empty(v.shape, **new)
+    drel_h, drel_w = torch.empty(rel_h.shape, **new), torch.empty(rel_w.shape, **new)
+    delta = (grad_out * out).sum(-1, keepdim=True)
+    scratch = _scratch(q, blocks, heads, q_w, keys)
+    for block in blocks:
+        bs, rs = block
+        qs = slice(rs.start * q_w, rs.stop * q_w)
+        q_c, k_c, v_c, go = q[bs, :, qs], k[bs], v[bs], grad_out[bs, :, qs]
+        b, h, n = q_c.shape[:3]
+        probs = _scores(q_c, k_c, _bias(rel_h, rel_w, block, scratch)).softmax(-1)
+        dv[bs].view(b * h, keys, -1).baddbmm_(probs.view(b * h, n, keys).transpose(1, 2), go.reshape(b * h, n, -1),
+                                             beta=int(accumulate))
+        dscores = torch.matmul(go, v_c.transpose(-2, -1)).sub_(delta[bs, :, qs]).mul_(probs)
+        del probs
+        dscores_bmm = dscores.view(b * h, n, keys)
+        if accumulate:  # the block's rows of dq are strided over heads: a matmul into them is slower
+            dq[bs, :, qs] = torch.matmul(dscores, k_c).mul_(C ** -0.5)
+        else:
+            dq[bs].view(b * h, n, C).baddbmm_(dscores_bmm, k_c.reshape(b * h, keys, C), beta=0, alpha=C ** -0.5)
+        dk[bs].view(b * h, keys, C).baddbmm_(dscores_bmm.transpose(1, 2), q_c.reshape(b * h, n, C),
+                                             beta=int(accumulate), alpha=C ** -0.5)
+        dscores = dscores.view(b, h, rs.stop - rs.start, q_w, k_h, -1)
+        torch.sum(dscores, -1, out=drel_h[bs, :, rs])
+        torch.sum(dscores, -2, out=drel_w[bs, :, rs])
+    return dq, dk, dv, drel_h, drel_w
+
+
+def attention_dtype(device_type: str, *tensors: torch.Tensor) -> torch.dtype:
+    """The dtype attention computes in: autocast's for the device where it is on (as
+    ``F.scaled_dot_product_attention`` would be cast), else the inputs' promoted dtype (a
+    ``q_norm`` LayerNorm gives float32 q and k next to an fp16 v under CUDA autocast)."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
 
 
 @register_notrace_function
 def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos_h: torch.Tensor,
                       rel_pos_w: torch.Tensor, size: Tuple[int, int], dropout_p: float = 0.0,
-                      block_elements: Optional[int] = None) -> torch.Tensor:
+                      block_elements: Optional[int] = None, device_type: Optional[str] = None) -> torch.Tensor:
     """Attention over (B, heads, h*w, C) tokens of a (h, w) grid with ViTDet's decomposed
     relative positions (MViTv2's ``add_decomposed_rel_pos``: the bias of query i and key j is
     q_i . R_h[row_i - row_j] + q_i . R_w[col_i - col_j]). timm's
     ``get_decomposed_rel_pos_bias`` builds the whole (queries, keys) bias at once; here the
     per-axis terms are computed once and the bias is expanded for blocks of whole grid rows
-    (``block_elements`` scores at most; by default FUSED_BLOCK_ELEMENTS for the fused kernel,
-    UNFUSED_BLOCK_ELEMENTS otherwise), so a global application at 1024 never holds a
-    4096x4096 bias per head, and training keeps none (``_RelPosAttention``). Attention dropout
-    and low-precision training take autograd through the fused kernel, block by block.
+    (``block_elements`` scores at most; by default ``default_block_elements``), so a global
+    application at 1024 never holds a 4096x4096 bias per head, and training keeps none
+    (``_RelPosAttention``, in every precision). Attention dropout takes autograd through the
+    fused kernel, block by block.
+
+    The inputs are cast to ``attention_dtype`` (autocast's where it is on). ``device_type``
+    (default: the inputs') chooses the kernel and block sizes (``uses_fused_kernel``,
+    ``default_block_elements``): 'cuda' on CPU tensors runs the GPU's choices on the CPU.
     A leaf for FX: the blocks are a Python loop over the grid's size."""
+    device_type = device_type or q.device.type
+    dtype = attention_dtype(device_type, q, k, v)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     B, heads, N, C = q.shape
     q_h, q_w = size
     r_q = q.reshape(B, heads, q_h, q_w, C)
-    # contiguous (einsum returns them permuted), so that each block's bias is made in one pass
-    rel_h = torch.einsum("bnhwc,hkc->bnhwk", r_q, get_rel_pos(q_h, q_h, rel_pos_h).to(q.dtype)).contiguous()
-    rel_w = torch.einsum("bnhwc,wkc->bnhwk", r_q, get_rel_pos(q_w, q_w, rel_pos_w).to(q.dtype)).contiguous()
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rel_h, rel_w))
-    if needs_grad and not dropout_p and q.dtype in (torch.float32, torch.float64) and q.dtype == k.dtype == v.dtype:
-        return _RelPosAttention.apply(q, k, v, rel_h, rel_w, block_elements)
-    return _rel_pos_forward(q, k, v, rel_h, rel_w, block_elements, dropout_p, autograd=needs_grad)
+    with torch.autocast(device_type=device_type, enabled=False):
+        # contiguous (einsum returns them permuted), so that each block's bias is made in one pass
+        rel_h = torch.einsum("bnhwc,hkc->bnhwk", r_q, get_rel_pos(q_h, q_h, rel_pos_h).to(dtype)).contiguous()
+        rel_w = torch.einsum("bnhwc,wkc->bnhwk", r_q, get_rel_pos(q_w, q_w, rel_pos_w).to(dtype)).contiguous()
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rel_h, rel_w))
+        if needs_grad and not dropout_p:
+            return _RelPosAttention.apply(q, k, v, rel_h, rel_w, block_elements, device_type)
+        return _rel_pos_forward(q, k, v, rel_h, rel_w, block_elements, device_type, dropout_p, autograd=needs_grad)
 
 
 torch.fx.wrap("rel_pos_attention")
