@@ -34,7 +34,7 @@ def image_folder(tmp_path_factory):
 
 def tiny_args(data, out, *extra):
     return ["--data", data, "--model", "srvit_t_t2", "--input-size", "32", "--batch-size", "4", "--workers", "0",
-            "--max-iters-per-epoch", "2", "--log-interval", "1", "--output", str(out), *extra]
+            "--max-iters-per-epoch", "2", "--log-interval", "1", "--output", str(out), "--amp", "none", *extra]
 
 
 def tiny_model():
@@ -361,3 +361,82 @@ def test_torchrun_two_processes_with_repeated_augmentation(image_folder, tmp_pat
     assert "repeated augmentation" not in log  # on: the sampler is timm's RepeatAugSampler
     assert "top-1" in log and "(6 images)" in log  # evaluation reduced over both processes
     assert torch.load(tmp_path / "last.pth", weights_only=True)["epoch"] == 0
+
+
+# ----------------------------------------------------------------------------- mixed precision, compile, DDP
+def test_one_amp_rule_for_every_device(monkeypatch):
+    """``--amp``: fp16 (and a GradScaler) on CUDA, bf16 on a CPU with native bf16, a clear error
+    where the device cannot run the precision; never a silent fp32 run."""
+    from srvit_backbones import amp
+
+    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: True)
+    expected = {("cuda", "auto"): torch.float16, ("cuda:1", "fp16"): torch.float16, ("cuda", "bf16"): torch.bfloat16,
+                ("cpu", "auto"): torch.bfloat16, ("cpu", "bf16"): torch.bfloat16, ("cpu", "none"): None,
+                ("cuda", "none"): None}
+    assert {key: amp.resolve_precision(*key) for key in expected} == expected
+    assert [amp.needs_grad_scaler(d) for d in (torch.float16, torch.bfloat16, None)] == [True, False, False]
+    with pytest.raises(ValueError, match="--amp fp16 needs a GPU.*--amp bf16.*--amp none"):
+        amp.resolve_precision("cpu", "fp16")
+    with pytest.raises(ValueError, match="supports 'cuda' and 'cpu'"):
+        amp.resolve_precision("mps", "auto")
+    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: False)
+    with pytest.raises(ValueError, match="no native bf16.*--amp none"):
+        amp.resolve_precision("cpu", "auto")
+
+
+def test_a_pretraining_step_with_amp_on_the_cpu_runs_bf16(image_folder, tmp_path, monkeypatch):
+    """``tools/pretrain.py --amp`` on the CPU trains in bf16 (seen inside the model: the qkv
+    projection's output; the router stays float32) without a GradScaler; a CPU without native
+    bf16, or fp16 on the CPU, stops before any work with the fix."""
+    from srvit_backbones import amp
+
+    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: True)  # the rule's branch, whatever this CPU has
+    run = trainer.build(recipe.parse(tiny_args(image_folder, tmp_path, "--amp")), distributed=False)
+    assert run.args.amp == "auto" and run.loss_scaler is None
+    seen = []
+    block = run.model.units[1].blocks[0]
+    block.attn.qkv.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+    before = block.attn.qkv.weight.detach().clone()
+    engine.train_one_epoch(0, run.train_model, run.train_loader, run.optimizer, run.criterion, run.scheduler,
+                           run.args, loss_scaler=run.loss_scaler, mixup_fn=run.mixup_fn, state=run.state)
+    assert seen.count(torch.bfloat16) >= 2 * run.model.units[1].num_steps and torch.float32 not in seen
+    assert block.attn.qkv.weight.dtype == torch.float32 and not torch.equal(block.attn.qkv.weight, before)
+    assert all(torch.isfinite(p).all() for p in run.model.parameters())
+
+    with pytest.raises(SystemExit, match="--amp fp16 needs a GPU"):
+        trainer.build(recipe.parse(tiny_args(image_folder, tmp_path, "--amp", "fp16")), distributed=False)
+    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: False)
+    with pytest.raises(SystemExit, match="no native bf16.*--amp none"):
+        load_tool("pretrain").main(tiny_args(image_folder, tmp_path, "--amp"))
+
+
+def test_ddp_is_compiled_after_wrapping(image_folder, tmp_path):
+    """``--compile`` in a distributed run compiles the DDP-wrapped model (PyTorch's order, so
+    all-reduce overlaps the backward); checkpoints still take the bare model."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        run = trainer.build(recipe.parse(tiny_args(image_folder, tmp_path, "--compile")), distributed=True)
+    finally:
+        dist.destroy_process_group()
+    assert isinstance(run.train_model._orig_mod, torch.nn.parallel.DistributedDataParallel)
+    assert engine.unwrap(run.train_model) is run.model and run.train_model._orig_mod.module is run.model
+
+
+def test_a_non_finite_loss_is_caught_at_the_logging_period(image_folder, tmp_path):
+    """The loss is read once per logging period (no device sync per step); a non-finite loss
+    anywhere in the period stops training with the iterations it happened in."""
+    run = trainer.build(recipe.parse(tiny_args(image_folder, tmp_path, "--log-interval", "2", "--mixup", "0",
+                                               "--cutmix", "0", "--smoothing", "0")), distributed=False)
+    calls = []
+
+    def first_loss_nan(outputs, targets):
+        calls.append(len(calls))
+        loss = torch.nn.functional.cross_entropy(outputs, targets)
+        return loss * float("nan") if len(calls) == 1 else loss
+
+    with pytest.raises(FloatingPointError, match=r"not finite in iterations 0\.\.1 of epoch 0"):
+        engine.train_one_epoch(0, run.train_model, run.train_loader, run.optimizer, first_loss_nan, run.scheduler,
+                               run.args, state=run.state)
+    assert calls == [0, 1]  # the second step ran: nothing read the first loss before the period

@@ -3,11 +3,9 @@ epoch of training, evaluation and checkpoints. Everything that timm already does
 (transforms, Mixup/CutMix, repeated-augmentation sampler, optimizer and scheduler
 factories, losses, EMA, accuracy) is timm's."""
 import logging
-import math
 import os
 import random
 import time
-from contextlib import nullcontext
 from typing import Optional
 
 import numpy as np
@@ -17,6 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.data import FastCollateMixup, Mixup, create_dataset, create_loader, resolve_data_config
 from timm.utils import accuracy
+
+from srvit_backbones import amp
 
 logger = logging.getLogger("srvit.pretrain")
 
@@ -122,10 +122,18 @@ def seed_epoch(seed: int, epoch: int, rank: int = 0) -> None:
     random.seed(s)
 
 
+def precision(args) -> Optional[torch.dtype]:
+    """The autocast dtype of ``--amp`` on ``--device`` (``srvit_backbones.amp``'s rule, the
+    one every tool uses), or an exit that names the fix."""
+    try:
+        return amp.resolve_precision(args.device, args.amp)
+    except ValueError as e:
+        raise SystemExit(str(e))
+
+
 def autocast(args):
-    if args.amp == "none" or not args.device.startswith("cuda"):
-        return nullcontext()
-    return torch.autocast("cuda", dtype=torch.bfloat16 if args.amp == "bf16" else torch.float16)
+    dtype = precision(args)
+    return amp.autocast(args.device, dtype is not None, dtype)
 
 
 def train_one_epoch(epoch, model, loader, optimizer, criterion, scheduler, args, loss_scaler=None,
@@ -135,7 +143,7 @@ def train_one_epoch(epoch, model, loader, optimizer, criterion, scheduler, args,
     n_iters = len(loader) if not args.max_iters_per_epoch else min(len(loader), args.max_iters_per_epoch)
     total_iters = n_iters * args.epochs
     start = time.time()
-    seen = 0
+    seen, nonfinite, last_check = 0, None, -1
     for i, (images, targets) in enumerate(loader):
         if i >= n_iters:
             break
@@ -145,9 +153,8 @@ def train_one_epoch(epoch, model, loader, optimizer, criterion, scheduler, args,
         with autocast(args):
             outputs = model(images)
             loss = criterion(images, outputs, targets) if distill else criterion(outputs, targets)
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(f"loss is {loss.item()} at epoch {epoch} iteration {i}; lower --lr or use "
-                                     f"--amp bf16 / --clip-grad")
+        # on the device, no sync: read at the logging period
+        nonfinite = ~torch.isfinite(loss.detach()) if nonfinite is None else nonfinite | ~torch.isfinite(loss.detach())
         optimizer.zero_grad(set_to_none=True)
         if loss_scaler is not None:
             loss_scaler(loss, optimizer, clip_grad=args.clip_grad, parameters=model.parameters())
@@ -161,6 +168,11 @@ def train_one_epoch(epoch, model, loader, optimizer, criterion, scheduler, args,
         state["global_iter"] += 1
         scheduler.step_update(num_updates=state["global_iter"])
         seen += images.shape[0]
+        if (i + 1) % args.log_interval == 0 or i + 1 == n_iters:
+            if nonfinite.item():
+                raise FloatingPointError(f"the loss was not finite in iterations {last_check + 1}..{i} of epoch {epoch} "
+                                         f"(now {loss.item()}); lower --lr or use --amp bf16 / --clip-grad")
+            nonfinite, last_check = None, i
         if is_main() and ((i + 1) % args.log_interval == 0 or i + 1 == n_iters):
             elapsed = time.time() - start
             world = dist.get_world_size() if dist.is_initialized() else 1
@@ -218,5 +230,8 @@ def save_checkpoint(path, model, optimizer, scheduler, loss_scaler, epoch, best_
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    model = getattr(model, "module", model)  # DDP
-    return getattr(model, "_orig_mod", model)  # torch.compile
+    """The bare model inside torch.compile and DDP wrappers, in either order."""
+    ddp = torch.nn.parallel.DistributedDataParallel
+    while isinstance(model, ddp) or "_orig_mod" in model._modules:
+        model = model.module if isinstance(model, ddp) else model._orig_mod
+    return model

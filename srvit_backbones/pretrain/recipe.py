@@ -2,6 +2,7 @@
 import argparse
 from typing import Optional, Sequence, Set
 
+from srvit_backbones.amp import PRECISIONS
 from srvit_backbones.models import variant_args
 
 #: warmup epochs by recursion depth T (Table 8); T=1 (DeiT) uses DeiT's 5
@@ -57,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--distill", action="store_true", help="DeiT hard distillation (adds a distillation token)")
     p.add_argument("--teacher", default="regnety_160", help="timm teacher model")
     p.add_argument("--teacher-weights", default="", help="local weights file of the teacher")
-    p.add_argument("--amp", choices=["bf16", "fp16", "none"], default="bf16", help="mixed precision (GPU)")
+    p.add_argument("--amp", nargs="?", const="auto", default="auto", choices=PRECISIONS,
+                   help="mixed precision (srvit_backbones.amp): auto = fp16 + GradScaler on CUDA, bf16 on a CPU with "
+                        "native bf16 (an error on one without); bf16 / fp16 to choose; none = fp32")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--grad-checkpointing", action="store_true")
     p.add_argument("--workers", type=int, default=8)

@@ -18,7 +18,7 @@ from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3, NativeScaler
 
 import srvit_backbones  # noqa: F401  (registers the variants)
-from srvit_backbones import load_pretrained
+from srvit_backbones import amp, load_pretrained
 from srvit_backbones.checkpoint import read_checkpoint
 
 from . import engine
@@ -79,6 +79,7 @@ def build(args, distributed: bool) -> Run:
     """Everything a run needs, with the state of ``--resume`` restored. The EMA is made after
     the resumed weights are loaded, so a checkpoint without EMA starts it from those weights."""
     device = torch.device(args.device)
+    dtype = engine.precision(args)  # before any work: a precision this device cannot run is an error
     torch.manual_seed(args.seed + (dist.get_rank() if distributed else 0))
     os.makedirs(args.output, exist_ok=True)
 
@@ -101,7 +102,7 @@ def build(args, distributed: bool) -> Run:
     scheduler, _ = create_scheduler_v2(optimizer, sched=args.sched, num_epochs=args.epochs, min_lr=args.min_lr,
                                        warmup_lr=args.warmup_lr, warmup_epochs=args.warmup_epochs,
                                        step_on_epochs=False, updates_per_epoch=iters_per_epoch)
-    loss_scaler = NativeScaler() if args.amp == "fp16" and device.type == "cuda" else None
+    loss_scaler = NativeScaler(device=device.type) if amp.needs_grad_scaler(dtype) else None
 
     if mixup_fn is not None or (args.mixup > 0 or args.cutmix > 0):
         base_criterion = SoftTargetCrossEntropy()
@@ -138,12 +139,14 @@ def build(args, distributed: bool) -> Run:
         elif ckpt is not None:
             logger.info("%s holds no EMA: the EMA starts from its weights", resume)
 
+    # DDP first, then compile the wrapped model (PyTorch's order: the compiled graph is split
+    # at DDP's buckets, so their all-reduce overlaps the backward)
     train_model = model
-    if args.compile:
-        train_model = torch.compile(model)
     if distributed:
         train_model = torch.nn.parallel.DistributedDataParallel(
             train_model, device_ids=[device.index] if device.type == "cuda" else None)
+    if args.compile:
+        train_model = torch.compile(train_model)
     return Run(args=args, distributed=distributed, model=model, train_model=train_model, optimizer=optimizer,
                scheduler=scheduler, loss_scaler=loss_scaler, model_ema=model_ema, criterion=criterion,
                train_loader=train_loader, val_loader=val_loader, mixup_fn=mixup_fn, num_classes=num_classes,
