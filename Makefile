@@ -2,7 +2,7 @@
 PY ?= .venv/bin/python
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: setup test collect-env quickstart-detectron2 quickstart-detectron2-win quickstart-mmseg quickstart-mmdet \
+.PHONY: setup test collect-env gpu-check quickstart-detectron2 quickstart-detectron2-win quickstart-mmseg quickstart-mmdet \
 	demo-detectron2 demo-mmseg demo-mmdet
 
 setup:
@@ -14,6 +14,10 @@ test:
 
 collect-env:
 	$(PY) -m srvit_backbones.collect_env
+
+# on a GPU machine: (a)-(e) of tools/gpu_check.py in under 10 minutes, one JSON; without CUDA, (e) only
+gpu-check:
+	$(PY) tools/gpu_check.py --output output/gpu_check.json
 
 # CPU quickstarts on generated data (no COCO / ADE20K needed); each ends by drawing its
 # training curves (OUTPUT/curves.png); the demo-* targets draw the trained model's predictions.
