@@ -221,3 +221,21 @@ def test_benchmark_detector_mode_refuses_unknown_configs():
     with pytest.raises(SystemExit) as e:
         load_tool("benchmark").main(["--detector", "no_such_config.py"])
     assert "'no_such_config.py' not found" in str(e.value)
+
+
+def test_benchmark_compile_pairs_each_model_with_its_eager_run():
+    """``--compile both``: every model twice, compiled and eager; a compiled row is compared
+    with its own eager row and with the other compiled models only; a detector is refused."""
+    bench = load_tool("benchmark")
+    args = bench.parse_args(["--model", "srvit_t_t2", "--compile", "both", "--references", "deit_small_patch16_224"])
+    jobs = bench.make_jobs(args, [], None, "infer")
+    assert [(j["name"], j["compiled"]) for j in jobs] == [("srvit_t_t2", False), ("srvit_t_t2", True),
+                                                          ("deit_small_patch16_224", False),
+                                                          ("deit_small_patch16_224", True)]
+    rows = [dict(j, times_s=[1.0, 2.0], min_s=1.0, peak_mib=10.0, params_m=1.0) for j in jobs]
+    assert sorted((c["a"], c["b"]) for c in bench.comparisons(rows)) == [
+        ("srvit_t_t2 infer", "deit_small_patch16_224 infer"),
+        ("srvit_t_t2 infer compiled", "deit_small_patch16_224 infer compiled"),
+        ("srvit_t_t2 infer compiled", "srvit_t_t2 infer")]
+    with pytest.raises(SystemExit, match="--compile times compiled backbones"):
+        bench.main(["--detector", "mask_rcnn_srvit_s_t3.py", "--compile"])

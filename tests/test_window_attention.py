@@ -596,3 +596,40 @@ def test_a_new_depth_keeps_every_relative_position_table_in_use_or_is_refused():
         model.set_num_steps(depth)
         model(torch.randn(2, 3, 64, 64)).sum().backward()
         assert [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum()] == []
+
+
+COMPILED_MODELS = {
+    "global": dict(),
+    "padded_windows_rel_pos": dict(window_size=3, use_rel_pos=True),  # global applications too
+    "token_merging": dict(token_merge_ratio=0.5),
+}
+
+
+@pytest.mark.parametrize("options", COMPILED_MODELS.values(), ids=COMPILED_MODELS.keys())
+def test_the_backbones_compile_whole_and_match_eager(options):
+    """``torch.compile(fullgraph=True)`` (a graph break is an error) of a training step's
+    forward and backward, the recomputing attention's autograd.Function included, gives eager's
+    features and gradients to 1e-5. AOT autograd's graphs run eagerly here (``aot_eager``):
+    inductor's code generation takes minutes on this CPU (tools/benchmark.py --compile times it)."""
+    import torch._dynamo
+
+    model = randomized(tiny(layout=(1, 1), num_steps=2, **options), seed=1).train()  # small: tracing time
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+
+    def step(forward):
+        model.zero_grad()
+        features = forward(x)
+        (features * features.detach().cos()).sum().backward()
+        return features.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    torch._dynamo.reset()
+    compiled_features, compiled_grads = step(torch.compile(model.forward_features, backend="aot_eager",
+                                                           fullgraph=True))
+    features, grads = step(model.forward_features)
+    torch.testing.assert_close(compiled_features, features, rtol=1e-5, atol=1e-5)
+    assert compiled_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-5, atol=1e-5, msg=name)

@@ -10,6 +10,7 @@ variants of one SR-ViT side by side; and of whole Mask R-CNN training steps.
         --variant global: --variant win:window_size=14,use_rel_pos=True
     python tools/benchmark.py --detector mask_rcnn_srvit_s_t3.py mask_rcnn_deit_s.py --batch-size 1
     python tools/benchmark.py --model srvit_s_t3 --modes infer --references --amp both
+    python tools/benchmark.py --model srvit_s_t3 --references --compile both
 
 Variants: ``--variant NAME:key=value,...`` builds ``--model`` with those core (``SRViT``)
 arguments, values read as Python literals (``global_attn_indexes=(0, 31)``); several
@@ -21,7 +22,9 @@ with a few boxes and polygon masks, as the COCO mapper yields them. A training s
 forward, backward and optimizer step; ``--grad-checkpointing`` sets the backbone's
 ``use_act_checkpoint``. ``--amp`` is ``srvit_backbones.amp``'s autocast (fp16 on CUDA, bf16 on
 a CPU with native bf16, a clear error on one without); ``--amp both`` interleaves it with
-fp32. No loss scaling: the steps are timed, not trained to convergence.
+fp32. No loss scaling: the steps are timed, not trained to convergence. ``--compile`` times
+``torch.compile(model)`` (inductor; compiled while warming up, so give it ``--warmup`` >= 1);
+``--compile both`` pairs each model with its eager run.
 
 Timing: all models of a mode are built in one process and warmed up; then the timed
 repeats are interleaved: in every round each model runs one step in turn, in alternating
@@ -238,7 +241,8 @@ def build_job(job, args, device):
         step, model, size = make_detector_step(job, args, device)
     else:
         model = build(job["kind"], job["name"], args.size, job["grad_checkpointing"], job.get("model_args")).to(device)
-        step, size = make_step(model, job, args, device), args.size
+        compiled = torch.compile(model) if job.get("compiled") else model
+        step, size = make_step(compiled, job, args, device), args.size
     return step, sum(p.numel() for p in model.parameters()) / 1e6, size
 
 
@@ -322,7 +326,8 @@ def label(row):
     else:
         name = row["name"] + (f"[{row['variant']}]" if row.get("variant") else "")
     return (f"{name} {row['mode']}" + (" ckpt" if row["grad_checkpointing"] else "")
-            + (f" {SHORT_DTYPE.get(row['amp_dtype'], row['amp_dtype'])}" if row["amp"] else ""))
+            + (f" {SHORT_DTYPE.get(row['amp_dtype'], row['amp_dtype'])}" if row["amp"] else "")
+            + (" compiled" if row.get("compiled") else ""))
 
 
 @functools.lru_cache(maxsize=None)
@@ -350,9 +355,9 @@ def model_key(row):
 
 def comparisons(rows):
     """Within one mode: every measured model (SR-ViT variant or detector config) against every
-    reference and against the first measured model, at equal checkpointing and precision;
-    and each measured model with checkpointing against itself without, with autocast
-    against itself in fp32."""
+    reference and against the first measured model, at equal checkpointing, precision and
+    compilation; and each measured model with checkpointing against itself without, with
+    autocast against itself in fp32, compiled against itself eager."""
     subjects = [r for r in rows if r["kind"] in SUBJECTS]
     first = model_key(subjects[0]) if subjects else None
     out = []
@@ -361,11 +366,13 @@ def comparisons(rows):
             if b is a or b["mode"] != a["mode"]:
                 continue
             same_ckpt, same_amp = a["grad_checkpointing"] == b["grad_checkpointing"], a["amp"] == b["amp"]
+            same_compile = a.get("compiled") == b.get("compiled")
             if model_key(b) == model_key(a):
-                if (same_amp and a["grad_checkpointing"] and not b["grad_checkpointing"]) or \
-                        (same_ckpt and a["amp"] and not b["amp"]):
+                if (same_amp and same_compile and a["grad_checkpointing"] and not b["grad_checkpointing"]) or \
+                        (same_ckpt and same_compile and a["amp"] and not b["amp"]) or \
+                        (same_ckpt and same_amp and a.get("compiled") and not b.get("compiled")):
                     out.append(paired_ratio(a, b))
-            elif same_ckpt and same_amp and (b["kind"] not in SUBJECTS or model_key(b) == first):
+            elif same_ckpt and same_amp and same_compile and (b["kind"] not in SUBJECTS or model_key(b) == first):
                 out.append(paired_ratio(a, b))
     return out
 
@@ -410,6 +417,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--amp", nargs="?", const="on", default="off", choices=["off", "on", "both"],
                    help="autocast (fp16 on CUDA, bf16 on a CPU with native bf16); 'both': with and without")
+    p.add_argument("--compile", nargs="?", const="on", default="off", choices=["off", "on", "both"],
+                   help="torch.compile the models (inductor); 'both': compiled and eager, paired")
     p.add_argument("--json", help="write results here")
     p.add_argument("--default-malloc", action="store_true",
                    help="time with the C library's default allocator settings (see keep_freed_memory)")
@@ -437,6 +446,8 @@ def check_args(args):
         except ValueError as e:
             errors.append(str(e))
     if args.detector:
+        if args.compile != "off":
+            errors.append("--compile times compiled backbones (--model, --variant); a --detector step is eager")
         if args.variant:
             errors.append("--variant changes the --model backbone; with --detector pass config overrides "
                           "with --detector-opts (e.g. model.backbone.net.window_size=14)")
@@ -466,6 +477,7 @@ def check_args(args):
 def make_jobs(args, variants, dtype, mode):
     ckpt = {"off": [False], "on": [True], "both": [False, True]}[args.grad_checkpointing]
     amps = {"off": [False], "on": [True], "both": [False, True]}[args.amp]
+    compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
     if args.detector:
         models = [dict(kind="detectron2", name=c, overrides=list(args.detector_opts)) for c in args.detector]
     else:
@@ -473,8 +485,8 @@ def make_jobs(args, variants, dtype, mode):
                   or [dict(kind="srvit", name=args.model)])
         models += [dict(kind=REFERENCE_SAME_DEPTH, name=args.model) if r == REFERENCE_SAME_DEPTH
                    else dict(kind="timm", name=r) for r in args.references]
-    return [dict(m, mode=mode, grad_checkpointing=c, amp=a, amp_dtype=dtype if a else None)
-            for m in models for c in (ckpt if mode == "train" else [False]) for a in amps]
+    return [dict(m, mode=mode, grad_checkpointing=c, amp=a, amp_dtype=dtype if a else None, compiled=compiled)
+            for m in models for c in (ckpt if mode == "train" else [False]) for a in amps for compiled in compiles]
 
 
 def main(argv=None):
