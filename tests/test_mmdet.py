@@ -33,7 +33,7 @@ import srvit_backbones.mmdet  # noqa: F401  (registers SRViT, SimpleFeaturePyram
 from srvit_backbones import CheckpointError, create_srvit
 from srvit_backbones.detectron2 import SRViTBackbone as D2Backbone, SRViTCheckpointer, srvit_optimizer_params
 from srvit_backbones.layer_decay import lr_decay_factor
-from srvit_backbones.models.window import is_rel_pos
+from srvit_backbones.models.rel_pos import is_rel_pos
 from srvit_backbones.openmmlab.hooks import Fp16CompressionHook
 from helpers import assert_mmengine_resume_restores, load_tool, randomize_routers, run, trained_detectron2
 
@@ -252,6 +252,32 @@ def test_pyramid_computes_detectron2s_simple_feature_pyramid():
         torch.testing.assert_close(out, expected[name], rtol=1e-4, atol=1e-5)
 
 
+def test_the_roi_heads_pool_the_pyramid_as_torchvision_does():
+    """The pyramid's maps are contiguous NCHW: mmcv's ``RoIAlign`` (CPU and CUDA) reads the
+    input's memory as NCHW without making it contiguous, and a LayerNorm computed on a permuted
+    view (NHWC in memory) made the RoI heads pool scrambled features (the box classifier of the
+    quickstart then stalled at background). mmdet's RoI extractor, run on every level, equals
+    torchvision's ``roi_align`` of the same level."""
+    from mmdet.registry import MODELS as DET_MODELS
+    from torchvision.ops import roi_align
+
+    torch.manual_seed(0)
+    backbone = MODELS.build(dict(type="SRViT", variant="srvit_t_t2", img_size=64, embed_dim=32, num_heads=2))
+    neck = MODELS.build(dict(type="SimpleFeaturePyramid", in_channels=32, out_channels=16,
+                             norm_cfg=dict(type="LayerNorm2d")))
+    neck.init_weights()
+    with torch.no_grad():
+        maps = neck(backbone.eval()(torch.randn(2, 3, 64, 64)))
+    assert all(m.is_contiguous() for m in maps)
+    extractor = DET_MODELS.build(dict(type="SingleRoIExtractor", out_channels=16, featmap_strides=[4, 8, 16, 32],
+                                      roi_layer=dict(type="RoIAlign", output_size=7, sampling_ratio=0)))
+    rois = torch.tensor([[0, 4.0, 6.0, 30.0, 40.0], [1, 10.0, 2.0, 60.0, 50.0]])
+    for level, stride in enumerate([4, 8, 16, 32]):
+        got = extractor.roi_layers[level](maps[level], rois)
+        expected = roi_align(maps[level], rois, 7, spatial_scale=1 / stride, sampling_ratio=0, aligned=True)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_bad_pyramid_settings_are_explained():
     with pytest.raises(ValueError, match="scale factor 3.0 is not supported"):
         MODELS.build(dict(type="SimpleFeaturePyramid", in_channels=32, scale_factors=(3.0,)))
@@ -384,16 +410,16 @@ def trained(coco_root):
 
 
 def test_quickstart_learns(trained):
-    """The loss falls by more than half and mmdet's CocoMetric scores the detector above an
-    untrained one (0.0). So short a run only starts to find the shapes: measured at this seed,
-    box AP50 0.064, mask AP50 0.005 (make quickstart-mmdet's 300 iterations: see the README)."""
+    """The loss falls by more than half and mmdet's CocoMetric scores the detector well above an
+    untrained one (0.0): measured at this seed, box AP50 0.219 and mask AP50 0.284 after these 60
+    iterations (make quickstart-mmdet's 300: box AP 47.9, mask AP 52.2; see the README)."""
     work, log = trained
     records = scalars(work)
     losses = [r["loss"] for r in records if "loss" in r]
     assert len(losses) >= ITERS // 5 and all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-3:]) < 0.5 * sum(losses[:3]), losses
     (metrics,) = [r for r in records if "coco/bbox_mAP" in r]
-    assert metrics["coco/bbox_mAP_50"] >= 0.03 and metrics["coco/segm_mAP_50"] > 0.0, metrics
+    assert metrics["coco/bbox_mAP_50"] >= 0.1 and metrics["coco/segm_mAP_50"] >= 0.1, metrics
     assert os.path.exists(os.path.join(work, f"iter_{ITERS}.pth"))
 
 

@@ -12,14 +12,18 @@ from mmengine.model import BaseModule
 
 class LayerNorm2d(nn.LayerNorm):
     """LayerNorm over the channels of an NCHW map (detectron2's ``LayerNorm``, eps 1e-6):
-    the "LN" of ViTDet's pyramid and heads."""
+    the "LN" of ViTDet's pyramid and heads.
+
+    The output is a contiguous NCHW tensor: the permuted view (NHWC in memory) would be read
+    as NCHW by mmcv's ``RoIAlign`` (CPU and CUDA kernels index ``data_ptr()`` without making
+    the input contiguous), which pools scrambled features for the RoI heads."""
 
     def __init__(self, num_channels: int, eps: float = 1e-6, **kwargs):
         super().__init__(num_channels, eps=eps, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias,
-                            self.eps).permute(0, 3, 1, 2)
+                            self.eps).permute(0, 3, 1, 2).contiguous()
 
 
 class SimpleFeaturePyramid(BaseModule):
@@ -90,4 +94,5 @@ class SimpleFeaturePyramid(BaseModule):
         outs = [stage(x) for stage in self.stages]
         while len(outs) < self.num_outs:
             outs.append(F.max_pool2d(outs[-1], kernel_size=1, stride=2))
-        return tuple(outs)
+        # contiguous whatever norm_cfg gives: mmcv's RoIAlign assumes NCHW memory (see LayerNorm2d)
+        return tuple(out.contiguous() for out in outs)
