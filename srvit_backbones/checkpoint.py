@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from .models.srvit import resize_pos_embed
-from .models.window import is_rel_pos, resize_rel_pos
+from .models.rel_pos import is_rel_pos, resize_rel_pos
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from srvit_backbones.detectron2 import (SRViTBackbone, SRViTCheckpointer, add_sr
                                         validate_config)
 from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.srvit import resize_pos_embed
-from srvit_backbones.models.window import is_rel_pos
+from srvit_backbones.models.rel_pos import is_rel_pos
 from helpers import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -16,7 +16,8 @@ from srvit_backbones import CheckpointError, SoftMoRUnit, SRViT, create_srvit, l
 from srvit_backbones.flops import count_flops
 from srvit_backbones.layer_decay import layer_id
 from srvit_backbones.models import RelPosAttention, apply_block, default_global_attn_indexes
-from srvit_backbones.models.window import is_rel_pos, merge_windows, resize_rel_pos, window_qkv
+from srvit_backbones.models.rel_pos import is_rel_pos, resize_rel_pos
+from srvit_backbones.models.window import merge_windows, window_qkv
 
 
 def tiny(**kw):
@@ -365,7 +366,7 @@ def test_blocked_relative_position_attention_equals_the_whole_bias(budget, grad)
     """Queries in blocks of whole grid rows and images give timm's whole-bias attention, in
     inference and through the recomputing backward (``_RelPosAttention``), also with a table of
     another length (interpolated)."""
-    from srvit_backbones.models.window import rel_pos_attention
+    from srvit_backbones.models.rel_pos import rel_pos_attention
 
     torch.manual_seed(0)
     B, heads, h, w, C = 3, 3, 7, 5, 8
@@ -386,7 +387,7 @@ def test_blocked_relative_position_attention_equals_the_whole_bias(budget, grad)
 
 def test_relative_position_attention_backward_passes_gradcheck():
     """The hand-written backward against finite differences (float64), over several blocks."""
-    from srvit_backbones.models.window import rel_pos_attention
+    from srvit_backbones.models.rel_pos import rel_pos_attention
 
     torch.manual_seed(0)
     B, heads, h, w, C = 2, 2, 3, 4, 4
@@ -400,7 +401,7 @@ def test_relative_position_attention_backward_passes_gradcheck():
 def test_relative_position_attention_over_a_large_grid_takes_the_fused_kernel_and_equals_the_whole_bias():
     """Grids of FUSED_MIN_KEYS keys and more take the fused kernel with a bias per block, fewer
     the unfused one on the CPU: both equal the reference, forward and backward."""
-    from srvit_backbones.models.window import FUSED_MIN_KEYS, rel_pos_attention
+    from srvit_backbones.models.rel_pos import FUSED_MIN_KEYS, rel_pos_attention
 
     torch.manual_seed(0)
     side = int(FUSED_MIN_KEYS ** 0.5)
@@ -421,7 +422,7 @@ def test_relative_position_attention_with_dropout_takes_autograd_through_the_ker
     """Attention dropout is differentiated by autograd block by block: dropout is applied
     (outputs change, gradients reach every input); low precision keeps the recomputing backward
     and returns gradients in its own dtype, close to fp32's."""
-    from srvit_backbones.models.window import rel_pos_attention
+    from srvit_backbones.models.rel_pos import rel_pos_attention
 
     torch.manual_seed(0)
     h, w = 6, 5
@@ -448,7 +449,7 @@ def test_the_recomputing_function_takes_one_dtype_and_ignores_autocast():
     would be recomputed wrong); ``rel_pos_attention`` casts them to autocast's dtype, and a
     backward run inside the autocast region (on the CPU it runs in the caller's thread) gives
     the gradients of the autocast-free computation in the inputs' dtypes."""
-    from srvit_backbones.models.window import _RelPosAttention, rel_pos_attention
+    from srvit_backbones.models.rel_pos import _RelPosAttention, rel_pos_attention
 
     torch.manual_seed(0)
     h, w = 4, 5
@@ -522,7 +523,7 @@ def test_the_gpu_choices_of_kernel_and_blocks_equal_the_cpu_ones(grid, window, b
     (``uses_fused_kernel``, ``default_block_elements``, chosen from the device type). Passing
     'cuda' runs those choices here: outputs and gradients equal the CPU choices' to 1e-5, for
     windows (padded to whole windows by ``window_qkv``) and the global grid."""
-    from srvit_backbones.models.window import default_block_elements, rel_pos_attention, uses_fused_kernel
+    from srvit_backbones.models.rel_pos import default_block_elements, rel_pos_attention, uses_fused_kernel
 
     torch.manual_seed(0)
     heads, C = 2, 8
@@ -552,7 +553,7 @@ def test_relative_position_attention_keeps_no_query_by_key_tensor_for_backward()
     """Training memory: the recomputing backward saves tensors of the size of q, k, v and the
     per-axis terms only, in fp32 and under fp16 / bf16 autocast; autograd through the kernel (attention dropout) saves every block's
     (heads, queries, keys) bias, which is what the windowed detector used to peak on."""
-    from srvit_backbones.models.window import rel_pos_attention
+    from srvit_backbones.models.rel_pos import rel_pos_attention
 
     torch.manual_seed(0)
     side, heads, C = 16, 2, 8
@@ -633,3 +634,30 @@ def test_the_backbones_compile_whole_and_match_eager(options):
     assert compiled_grads.keys() == grads.keys()
     for name, grad in grads.items():
         torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("window", [0, 3], ids=["global", "windows"])
+@pytest.mark.parametrize("options", [dict(gated=True), dict(qk_norm=True, scale_norm=True, norm_layer=nn.LayerNorm)],
+                         ids=["gated", "norms"])
+def test_grid_attention_is_timms_attention_with_its_optional_parts(options, window):
+    """``grid_attention`` takes timm's ``Attention`` as it is, its optional parts included (the
+    sigmoid gate, q/k and output norms): over the whole grid it equals ``Attention.forward``,
+    and in windows it equals ``Attention.forward`` on each window's tokens (padding aside)."""
+    from timm.layers import Attention
+
+    from srvit_backbones.models.attention import grid_attention
+
+    torch.manual_seed(0)
+    attn = Attention(32, num_heads=2, qkv_bias=True, **options).eval()
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.normal_(0, 0.3)
+    x = torch.randn(2, 36, 32)
+    if not window:
+        torch.testing.assert_close(grid_attention(attn, x, (6, 6)), attn(x))
+        return
+    got = grid_attention(attn, x, (6, 6), window).view(2, 6, 6, 32)
+    grid = x.view(2, 6, 6, 32)
+    for r0, c0 in ((0, 0), (3, 3)):  # whole windows: tokens of one window only
+        tokens = grid[:, r0:r0 + 3, c0:c0 + 3].reshape(2, 9, 32)
+        torch.testing.assert_close(got[:, r0:r0 + 3, c0:c0 + 3].reshape(2, 9, 32), attn(tokens))

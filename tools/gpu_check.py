@@ -241,7 +241,8 @@ def _cosine(a, b):
 def check_branches(args, device):
     """The GPU's kernel and block choices against the CPU's on CPU tensors (always), and on a
     GPU the tiny windowed model's features and gradients there against the CPU's fp32."""
-    from srvit_backbones.models.window import rel_pos_attention, window_qkv
+    from srvit_backbones.models.rel_pos import rel_pos_attention
+    from srvit_backbones.models.window import window_qkv
 
     rows, ok = [], True
     heads, C = 2, 8

@@ -3,7 +3,7 @@ from .factory import VARIANTS, create_srvit, variant_args
 from .softmor import SoftMoRUnit, apply_block
 from .srvit import (ORGANISATIONS, SRViT, default_global_attn_indexes, default_out_indices, make_layout,
                     resolve_layout)
-from .window import RelPosAttention
+from .attention import RelPosAttention
 
 __all__ = ["SRViT", "SoftMoRUnit", "apply_block", "make_layout", "resolve_layout", "default_out_indices",
            "default_global_attn_indexes", "RelPosAttention", "ORGANISATIONS",

@@ -13,7 +13,7 @@ from timm.layers import drop_path, register_notrace_function
 from torch.utils.checkpoint import checkpoint
 
 from .merge import BipartiteMerge
-from .window import RelPosAttention, attend
+from .attention import RelPosAttention, attend
 
 AGGREGATIONS = ("soft", "hard", "last")
 
@@ -26,7 +26,7 @@ def apply_block(block: nn.Module, x: torch.Tensor, drop_prob: float, training: b
     A shared block runs at several depths, so its drop-path rate and whether its attention is
     windowed belong to the application, not to the module (the block itself is built with
     drop_path=0). ``window_size`` > 0 attends within windows of the (h, w) patch grid ``hw``
-    (see ``window.attend``); ``attn_bias`` is added to global attention's logits (token
+    (see ``attention.attend``); ``attn_bias`` is added to global attention's logits (token
     merging). With ``drop_prob=0`` and global attention this is exactly ``block(x)``.
     """
     x = x + drop_path(block.ls1(attend(block.attn, block.norm1(x), hw, window_size, attn_bias)), drop_prob, training)

@@ -28,7 +28,8 @@ from timm.models.vision_transformer import Block, get_init_weights_vit
 
 from ..layer_decay import layer_depth, layer_id
 from .softmor import SoftMoRUnit
-from .window import RelPosAttention, is_rel_pos
+from .attention import RelPosAttention
+from .rel_pos import is_rel_pos
 
 ORGANISATIONS = ("coarse_to_fine", "fine_to_coarse", "coarse_grained", "fine_grained")
 WEIGHT_INITS = ("", "jax", "jax_nlhb", "moco")
@@ -195,7 +196,7 @@ class SRViT(nn.Module):
             numbered over the effective depth (0 .. D_eff-1, step-major within each unit, as the
             drop-path schedule). None: ``default_global_attn_indexes`` (its docstring says why).
         use_rel_pos: ViTDet's decomposed relative positions, zero-initialised, one table pair
-            per block and attention extent (see ``window.RelPosAttention``).
+            per block and attention extent (see ``attention.RelPosAttention``).
         ordinary_blocks: the ordinary first and last blocks around the recursive units (the
             paper's S-...-S layout); False for bViT, whose only unit is the shared block.
         step_features: feature indices (``feature_info``, ``forward_intermediates``,

@@ -1,0 +1,118 @@
+"""One application of a block's attention over the patch grid: timm's ``Attention`` in ViTDet's
+windows or globally, with decomposed relative positions when the block is a
+``RelPosAttention`` (one table pair per extent it is applied at). Windows and relative
+positions work on patch tokens only: a model that uses them carries no class token.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import Attention, register_notrace_function
+
+from .rel_pos import is_rel_pos, rel_pos_attention
+from .window import merge_windows, window_qkv
+
+# leaves for FX where they are called (torch.fx.wrap patches the calling module's globals):
+# their loops and padding are sized in Python from the input's shape
+torch.fx.wrap("rel_pos_attention")
+torch.fx.wrap("window_qkv")
+torch.fx.wrap("merge_windows")
+
+class RelPosAttention(Attention):
+    """timm's ViT ``Attention`` (same parameters and names) plus ViTDet's decomposed relative
+    positions (``add_decomposed_rel_pos``), added to the logits by ``rel_pos_attention``.
+
+    A block may be applied both windowed and globally, and a relative offset means another
+    thing in a 14x14 window than in a 64x64 grid, so the block holds one zero-initialised
+    (height, width) table pair per extent it is applied at: ``window_rel_pos_{h,w}``
+    (2 * window_size - 1 rows) and ``global_rel_pos_{h,w}`` (2 * grid - 1 rows for the
+    model's ``img_size`` grid; interpolated for other input sizes, as ViTDet does).
+
+    Args:
+        window_size: the window of the block's windowed applications (0: it has none).
+        global_grid: the patch grid of its global applications (None: it has none).
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0,
+                 proj_drop: float = 0.0, window_size: int = 0, global_grid: Optional[Tuple[int, int]] = None):
+        super().__init__(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop)
+        if window_size:
+            self.window_rel_pos_h = nn.Parameter(torch.zeros(2 * window_size - 1, self.head_dim))
+            self.window_rel_pos_w = nn.Parameter(torch.zeros(2 * window_size - 1, self.head_dim))
+        if global_grid is not None:
+            self.global_rel_pos_h = nn.Parameter(torch.zeros(2 * global_grid[0] - 1, self.head_dim))
+            self.global_rel_pos_w = nn.Parameter(torch.zeros(2 * global_grid[1] - 1, self.head_dim))
+
+    @torch.no_grad()
+    def reset_rel_pos(self):
+        for name, p in self.named_parameters():
+            if is_rel_pos(name):
+                p.zero_()
+
+    def rel_pos_tables(self, windowed: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The (height, width) tables of the windowed or of the global applications."""
+        if windowed:
+            return self.window_rel_pos_h, self.window_rel_pos_w
+        return self.global_rel_pos_h, self.global_rel_pos_w
+
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int], window_size: int = 0) -> torch.Tensor:
+        """x: (B, h*w, D) tokens of the (h, w) patch grid, attended within windows of
+        ``window_size`` or (0) over the whole grid."""
+        return grid_attention(self, x, hw, window_size)
+
+
+def grid_attention(attn: Attention, x: torch.Tensor, hw: Tuple[int, int], window_size: int = 0) -> torch.Tensor:
+    """timm's ``Attention`` (same parameters, same result as its ``forward``) over the (B, h*w, D)
+    tokens of an (h, w) patch grid: within ViTDet's windows of ``window_size`` (the grid padded
+    to whole windows, see ``window_qkv``) or (0) over the whole grid; with decomposed relative
+    positions when ``attn`` is a ``RelPosAttention``. Its optional parts (q/k norms, the
+    output norm, the sigmoid gate of a gated attention) apply as in ``Attention.forward``."""
+    B, N, _ = x.shape
+    gate = attn.gate(x).sigmoid() if getattr(attn, "gate", None) is not None else None
+    qkv = attn.qkv(x)
+    if window_size:
+        q, k, v = window_qkv(qkv, attn.qkv.bias, hw, window_size, attn.num_heads).unbind(0)
+        size = (window_size, window_size)
+    else:
+        q, k, v = qkv.reshape(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        size = hw
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    dropout_p = attn.attn_drop.p if attn.training else 0.0
+    if isinstance(attn, RelPosAttention):
+        x = rel_pos_attention(q, k, v, *attn.rel_pos_tables(windowed=bool(window_size)), size, dropout_p)
+    else:
+        x = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+    x = attn.norm(merge_windows(x, hw, window_size) if window_size else x.transpose(1, 2).reshape(B, N, attn.attn_dim))
+    if gate is not None:
+        x = x * gate
+    return attn.proj_drop(attn.proj(x))
+
+
+@torch.fx.wrap
+@register_notrace_function
+def check_patch_tokens(x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+    """``x`` unchanged if its tokens form the (h, w) patch grid, else a clear error. A leaf for
+    FX (the test is Python control flow on the input's size), kept in the graph by returning ``x``."""
+    if x.shape[1] != hw[0] * hw[1]:
+        raise ValueError(f"{x.shape[1]} tokens do not form the {hw[0]}x{hw[1]} patch grid: windowed attention and "
+                         f"relative positions take patch tokens only (no class token)")
+    return x
+
+
+def attend(attn: nn.Module, x: torch.Tensor, hw: Optional[Tuple[int, int]] = None,
+           window_size: int = 0, attn_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """One application of a block's attention to (B, N, D) tokens: global, or in windows of
+    ``window_size`` over the (h, w) patch grid ``hw``; with the block's relative positions if
+    it has them. Global attention without relative positions is exactly ``attn(x)``;
+    ``attn_bias`` (global attention only: merged tokens' proportional attention) is added to
+    its logits."""
+    rel_pos = isinstance(attn, RelPosAttention)
+    if not window_size and not rel_pos:
+        return attn(x) if attn_bias is None else attn(x, attn_mask=attn_bias)
+    if attn_bias is not None:
+        raise ValueError("an attention bias (token merging) needs global attention without relative positions")
+    if hw is None:
+        raise ValueError("windowed attention and relative positions need the patch grid: call the unit as "
+                         "unit(x, hw=(h, w)) (SRViT passes it)")
+    return grid_attention(attn, check_patch_tokens(x, hw), hw, window_size)
