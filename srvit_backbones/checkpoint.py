@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from .models.srvit import resize_pos_embed
 from .models.rel_pos import is_rel_pos, resize_rel_pos
+from .models.rules import split_pos_embed
 
 logger = logging.getLogger(__name__)
 
@@ -244,13 +245,10 @@ def adapt_pos_embed(pos_embed: torch.Tensor, model: nn.Module, report: Optional[
     grid_new = model.pretrain_grid
     n_prefix_new = model.num_prefix_tokens
     n_tokens = pos_embed.shape[1]
-    # find the checkpoint's prefix count: the one that leaves a square grid
-    for n_prefix_old in (n_prefix_new, 1, 2, 0):
-        side = int(round((n_tokens - n_prefix_old) ** 0.5))
-        if side * side == n_tokens - n_prefix_old:
-            break
-    else:
-        raise CheckpointError(f"pos_embed with {n_tokens} tokens is not a square grid plus class tokens")
+    try:  # the checkpoint's prefix count: the one that leaves a square grid, this model's first
+        n_prefix_old, side = split_pos_embed(n_tokens, (n_prefix_new, 1, 2, 0))
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     prefix, grid_tokens = pos_embed[:, :n_prefix_old], pos_embed[:, n_prefix_old:]
     if n_prefix_old != n_prefix_new:
         if n_prefix_old == 0:

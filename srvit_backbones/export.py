@@ -14,7 +14,6 @@ the check the PyTorch model under bf16 autocast (CPU), to show what bf16 inferen
 """
 import argparse
 import ast
-import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -24,6 +23,7 @@ from .amp import amp_dtype, autocast
 from .checkpoint import CheckpointError, LoadReport, extract_state_dict, load_pretrained, read_checkpoint, \
     select_backbone
 from .models import create_srvit
+from .models.rules import split_pos_embed
 
 #: constructor arguments that the tool sets itself (options of their own)
 RESERVED = ("features_only", "img_size", "out_indices", "num_classes", "pretrained")
@@ -41,12 +41,10 @@ def table_img_size(checkpoint: Mapping[str, Any], patch_size: int = 16) -> Optio
     pos_embed = sd.get("pos_embed")
     if pos_embed is None:
         return None
-    n_tokens = pos_embed.shape[1]
-    for n_prefix in (1, 2, 0):  # class token, + distillation token, none (windowed / relative positions)
-        side = math.isqrt(n_tokens - n_prefix)
-        if side * side == n_tokens - n_prefix:
-            return side * patch_size
-    raise CheckpointError(f"the checkpoint's pos_embed has {n_tokens} tokens, not a square grid plus class tokens")
+    try:  # class token, + distillation token, none (windowed / relative positions)
+        return split_pos_embed(pos_embed.shape[1])[1] * patch_size
+    except ValueError as e:
+        raise CheckpointError(f"the checkpoint's {e}") from None
 
 
 def build_backbone(variant: str, checkpoint: Optional[Mapping[str, Any]] = None, img_size: Optional[int] = None,

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from timm.layers import Attention, register_notrace_function
 
 from .rel_pos import is_rel_pos, rel_pos_attention
+from .rules import NO_CLASS_TOKEN, check_merging_allowed
 from .window import merge_windows, window_qkv
 
 # leaves for FX where they are called (torch.fx.wrap patches the calling module's globals):
@@ -95,8 +96,7 @@ def check_patch_tokens(x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
     """``x`` unchanged if its tokens form the (h, w) patch grid, else a clear error. A leaf for
     FX (the test is Python control flow on the input's size), kept in the graph by returning ``x``."""
     if x.shape[1] != hw[0] * hw[1]:
-        raise ValueError(f"{x.shape[1]} tokens do not form the {hw[0]}x{hw[1]} patch grid: windowed attention and "
-                         f"relative positions take patch tokens only (no class token)")
+        raise ValueError(f"{x.shape[1]} tokens do not form the {hw[0]}x{hw[1]} patch grid: {NO_CLASS_TOKEN}")
     return x
 
 
@@ -111,7 +111,7 @@ def attend(attn: nn.Module, x: torch.Tensor, hw: Optional[Tuple[int, int]] = Non
     if not window_size and not rel_pos:
         return attn(x) if attn_bias is None else attn(x, attn_mask=attn_bias)
     if attn_bias is not None:
-        raise ValueError("an attention bias (token merging) needs global attention without relative positions")
+        check_merging_allowed(bool(window_size), rel_pos, what="an attention bias (token merging)")
     if hw is None:
         raise ValueError("windowed attention and relative positions need the patch grid: call the unit as "
                          "unit(x, hw=(h, w)) (SRViT passes it)")

@@ -14,6 +14,8 @@ merged into.
 """
 import torch
 
+from .rules import check_merge_ratio
+
 
 class BipartiteMerge:
     """One merge of (B, N, C) token sets and its inverse.
@@ -26,9 +28,7 @@ class BipartiteMerge:
     """
 
     def __init__(self, metric: torch.Tensor, ratio: float, num_prefix_tokens: int = 0):
-        if not 0.0 <= ratio <= 0.5:
-            raise ValueError(f"token_merge_ratio must be in [0, 0.5] (bipartite matching merges at most half the "
-                             f"patch tokens), got {ratio}")
+        ratio = check_merge_ratio(ratio)
         batch, num_tokens, _ = metric.shape
         self.num_tokens = num_tokens
         self.prefix = num_prefix_tokens

@@ -13,6 +13,7 @@ from timm.layers import drop_path, register_notrace_function
 from torch.utils.checkpoint import checkpoint
 
 from .merge import BipartiteMerge
+from .rules import check_merge_ratio, check_merging_allowed, check_num_steps
 from .attention import RelPosAttention, attend
 
 AGGREGATIONS = ("soft", "hard", "last")
@@ -81,8 +82,7 @@ class SoftMoRUnit(nn.Module):
         token_merge_ratio: float = 0.0,
     ):
         super().__init__()
-        if num_steps < 1:
-            raise ValueError(f"num_steps (T) must be >= 1, got {num_steps}")
+        check_num_steps(num_steps)
         if len(blocks) < 1:
             raise ValueError("a SoftMoR unit needs at least one block")
         if aggregation not in AGGREGATIONS:
@@ -128,14 +128,9 @@ class SoftMoRUnit(nn.Module):
     def set_token_merge_ratio(self, ratio: float):
         """Merge ``ratio`` of the patch tokens at the unit's entry (0 = off); an inference
         option that needs no retraining (MergeOver)."""
-        ratio = float(ratio)
-        if not 0.0 <= ratio <= 0.5:
-            raise ValueError(f"token_merge_ratio must be in [0, 0.5] (bipartite matching merges at most half the "
-                             f"patch tokens; 0 = off), got {ratio}")
-        if ratio and (any(self.window_sizes) or any(isinstance(b.attn, RelPosAttention) for b in self.blocks)):
-            raise ValueError("token merging needs global attention without relative positions: merged tokens no "
-                             "longer form the patch grid that windows and relative offsets are defined on; use "
-                             "window_size=0 and use_rel_pos=False, or token_merge_ratio=0")
+        ratio = check_merge_ratio(ratio)
+        if ratio:
+            check_merging_allowed(any(self.window_sizes), any(isinstance(b.attn, RelPosAttention) for b in self.blocks))
         self.token_merge_ratio = ratio
 
     def truncate_steps(self, num_steps: int):

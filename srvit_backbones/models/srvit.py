@@ -30,6 +30,7 @@ from ..layer_decay import layer_depth, layer_id
 from .softmor import SoftMoRUnit
 from .attention import RelPosAttention
 from .rel_pos import is_rel_pos
+from .rules import NO_CLASS_TOKEN, carries_class_token, check_merging_allowed, check_num_steps
 
 ORGANISATIONS = ("coarse_to_fine", "fine_to_coarse", "coarse_grained", "fine_grained")
 WEIGHT_INITS = ("", "jax", "jax_nlhb", "moco")
@@ -252,8 +253,7 @@ class SRViT(nn.Module):
         token_merge_ratio: float = 0.0,
     ):
         super().__init__()
-        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
-            raise ValueError(f"num_steps (T) must be an integer >= 1, got {num_steps!r}")
+        check_num_steps(num_steps)
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
         if weight_init not in WEIGHT_INITS:
@@ -268,10 +268,10 @@ class SRViT(nn.Module):
                              f"aggregation={aggregation!r} mixes its steps: use aggregation='last' (bViT), or "
                              f"step_features=False to take the units' mixed outputs")
         self.effective_depth = sum(k * t for k, t in plan)
-        class_token = not (window_size or use_rel_pos)
+        class_token = carries_class_token(window_size, use_rel_pos)
         if not class_token and distilled:
-            raise ValueError("distilled=True needs the class and distillation tokens, which windowed attention and "
-                             "relative positions do not carry: use window_size=0 and use_rel_pos=False to distil")
+            raise ValueError(f"distilled=True needs the class and distillation tokens, but {NO_CLASS_TOKEN}: use "
+                             f"window_size=0 and use_rel_pos=False to distil")
         global_pool = ("token" if class_token else "avg") if global_pool is None else global_pool
         self._check_pool(global_pool, class_token, distilled)
         self.default_global_attn = global_attn_indexes is None
@@ -379,8 +379,7 @@ class SRViT(nn.Module):
         """Run every recursive unit ``num_steps`` times on the same weights (bViT: any depth at
         inference). Only units whose parameters do not depend on T can (no router, no step
         transforms); a soft unit's router has one output per step, so its T is fixed."""
-        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
-            raise ValueError(f"num_steps (T) must be an integer >= 1, got {num_steps!r}")
+        check_num_steps(num_steps)
         pruned = len(self.units) != len(unit_plan(self.layout, 1, self.ordinary_blocks))
         if self.window_size and (pruned or not self.default_global_attn):
             raise ValueError("global_attn_indexes number the block applications of one depth; build the model "
@@ -435,10 +434,8 @@ class SRViT(nn.Module):
         if ratio and not any(self.units[u].num_steps > 1 for u in self.recursive_unit_indices):
             raise ValueError("token merging works inside recursive units (T > 1) and this model has none: "
                              "use token_merge_ratio=0")
-        if ratio and (self.window_size or self.use_rel_pos):
-            raise ValueError("token merging needs global attention without relative positions: merged tokens no "
-                             "longer form the patch grid that windows and relative offsets are defined on; use "
-                             "window_size=0 and use_rel_pos=False, or token_merge_ratio=0")
+        if ratio:
+            check_merging_allowed(bool(self.window_size), self.use_rel_pos)
         for u in self.recursive_unit_indices:
             if self.units[u].num_steps > 1:
                 self.units[u].set_token_merge_ratio(ratio)
@@ -515,8 +512,8 @@ class SRViT(nn.Module):
         if global_pool not in GLOBAL_POOLS:
             raise ValueError(f"global_pool must be one of {GLOBAL_POOLS}, got {global_pool!r}")
         if global_pool == "token" and not class_token:
-            raise ValueError("global_pool='token' needs the class token, which windowed attention and relative "
-                             "positions do not carry: use global_pool='avg' (mean of the patch tokens) or ''")
+            raise ValueError(f"global_pool='token' needs the class token, but {NO_CLASS_TOKEN}: use "
+                             f"global_pool='avg' (mean of the patch tokens) or ''")
         if global_pool == "avg" and distilled:
             raise ValueError("a distilled model pools its class and distillation tokens: use global_pool='token'")
 
