@@ -5,7 +5,7 @@ Importing this package registers the SR-ViT variants with timm; it never imports
 mmdet or mmseg (import ``srvit_backbones.detectron2`` / ``.mmdet`` / ``.mmseg``).
 """
 from .config_files import config_dir, config_path, list_configs, resolve_config
-from .models import VARIANTS, SoftMoRUnit, SRViT, create_srvit, make_layout  # before .checkpoint
+from .models import VARIANTS, SoftMoRUnit, SRViT, create_srvit, make_layout
 from .checkpoint import CheckpointError, LoadReport, load_pretrained
 
 __version__ = "0.1.0"

@@ -1,10 +1,10 @@
 """The core model: torch + timm only."""
 from .factory import VARIANTS, create_srvit, variant_args
 from .softmor import SoftMoRUnit, apply_block
-from .srvit import (ORGANISATIONS, SRViT, default_global_attn_indexes, default_out_indices, make_layout,
-                    resolve_layout)
+from .schedule import Application, Schedule, build_schedule, default_global_attn_indexes, default_out_indices
+from .srvit import ORGANISATIONS, SRViT, make_layout, resolve_layout
 from .attention import RelPosAttention
 
 __all__ = ["SRViT", "SoftMoRUnit", "apply_block", "make_layout", "resolve_layout", "default_out_indices",
            "default_global_attn_indexes", "RelPosAttention", "ORGANISATIONS",
-           "VARIANTS", "create_srvit", "variant_args"]
+           "VARIANTS", "create_srvit", "variant_args", "Application", "Schedule", "build_schedule"]

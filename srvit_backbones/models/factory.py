@@ -10,8 +10,8 @@ from typing import Any, Dict
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
-from ..checkpoint import checkpoint_filter_fn
-from .srvit import SRViT, default_out_indices, resolve_layout
+from .schedule import default_out_indices
+from .srvit import SRViT, resolve_layout
 
 # width / heads per size; blocks = first + middle + last ordinary blocks
 SIZES: Dict[str, Dict[str, Any]] = {
@@ -63,6 +63,8 @@ default_cfgs = generate_default_cfgs({name: _cfg() for name in VARIANTS})
 def create_srvit(variant: str, pretrained: bool = False, **kwargs) -> SRViT:
     """Build a named variant; ``kwargs`` override its arguments (``num_steps``, ``layout``, ...)
     or are timm's (``features_only``, ``out_indices``, ``pretrained_cfg_overlay``)."""
+    from ..checkpoint import checkpoint_filter_fn  # checkpoint.py reads the models: imported when a model is made
+
     args = variant_args(variant)
     args.update(kwargs)
     layout = resolve_layout(args["layout"], args["num_middle_blocks"])

@@ -27,6 +27,8 @@ from timm.models._manipulate import named_apply
 from timm.models.vision_transformer import Block, get_init_weights_vit
 
 from ..layer_decay import layer_depth, layer_id
+from .schedule import (Schedule, build_schedule, default_global_attn_indexes, default_out_indices,
+                       quarter_indices, unit_plan)
 from .softmor import SoftMoRUnit
 from .attention import RelPosAttention
 from .rel_pos import is_rel_pos
@@ -69,64 +71,6 @@ def resolve_layout(layout: Union[str, Sequence[int]], num_middle_blocks: int) ->
         raise ValueError(f"layout must be an organisation name {ORGANISATIONS} or a non-empty sequence of "
                          f"unit sizes >= 1, got {layout!r}")
     return layout
-
-
-def quarter_indices(num_features: int) -> Tuple[int, ...]:
-    """The features at 1/4, 1/2, 3/4 and the end of ``num_features``, rounded up (0-based: 2, 5,
-    8, 11 of 12; 1, 2, 4, 5 of 6)."""
-    return tuple(sorted({math.ceil(num_features * q / 4) - 1 for q in (1, 2, 3, 4)}))
-
-
-def default_out_indices(layout: Sequence[int], num_steps: int = 1, ordinary_blocks: bool = True,
-                        step_features: bool = False) -> Tuple[int, ...]:
-    """Dense-prediction default: the recursive units; layers 3/6/9/12 of a plain 12-block ViT;
-    with ``step_features`` (bViT) the steps at T/4, T/2, 3T/4 and T."""
-    if step_features:
-        return quarter_indices(sum(t for _, t in unit_plan(layout, num_steps, ordinary_blocks)))
-    if len(layout) == 10 and set(layout) == {1}:
-        return (2, 5, 8, 11)
-    return tuple(range(1, len(layout) + 1)) if ordinary_blocks else tuple(range(len(layout)))
-
-
-def unit_plan(layout: Sequence[int], num_steps: int, ordinary_blocks: bool = True) -> List[Tuple[int, int]]:
-    """(blocks K, steps T) of every unit: the ordinary first block, the recursive units, the
-    ordinary last block (without ``ordinary_blocks``: the recursive units only). Block
-    applications are numbered in this order, step-major within a unit (the order of the
-    drop-path schedule and of ``global_attn_indexes``)."""
-    units = [(k, num_steps) for k in layout]
-    return [(1, 1)] + units + [(1, 1)] if ordinary_blocks else units
-
-
-def feature_points(plan: Sequence[Tuple[int, int]], step_features: bool) -> List[Tuple[int, int]]:
-    """(unit, step) of every feature index: each unit's output (step -1), or with
-    ``step_features`` each step of each unit (0-based)."""
-    if step_features:
-        return [(u, t) for u, (_, steps) in enumerate(plan) for t in range(steps)]
-    return [(u, -1) for u in range(len(plan))]
-
-
-def default_global_attn_indexes(layout: Sequence[int], num_steps: int, ordinary_blocks: bool = True,
-                                step_features: bool = False) -> Tuple[int, ...]:
-    """Block applications that stay global when windowed attention is on: the *first*
-    application of every unit that ``default_out_indices`` returns (the units that feed the
-    dense heads), and the model's last application (``last_feat``, the Simple Feature
-    Pyramid's input).
-
-    Why: ViTDet keeps one global block at the end of each quarter of the network (2, 5, 8,
-    11), and this rule gives exactly those for the DeiT layout (T=1). In a recursive unit the
-    global application comes first, so that every step output the router mixes (all of which
-    build on step 1) has exchanged information across the whole image once in this unit; a
-    global last application would reach only step T's output. SR-ViT-S T=3: applications
-    1, 13, 22, 28, 31 of 32 are global. With ``step_features`` (bViT) the first application
-    of every step that ``default_out_indices`` returns stays global (steps 3/6/9/12 of 12).
-    """
-    plan = unit_plan(layout, num_steps, ordinary_blocks)
-    starts = [sum(k * t for k, t in plan[:u]) for u in range(len(plan))]
-    last = sum(k * t for k, t in plan) - 1
-    points = feature_points(plan, step_features)
-    outs = default_out_indices(layout, num_steps, ordinary_blocks, step_features)
-    firsts = {starts[points[i][0]] + plan[points[i][0]][0] * max(points[i][1], 0) for i in outs}
-    return tuple(sorted(firsts | {last}))
 
 
 def resize_pos_embed(grid_tokens: torch.Tensor, old_grid: List[int], new_grid: List[int],
@@ -267,7 +211,7 @@ class SRViT(nn.Module):
             raise ValueError(f"step_features=True takes features at recursion steps, but a unit with "
                              f"aggregation={aggregation!r} mixes its steps: use aggregation='last' (bViT), or "
                              f"step_features=False to take the units' mixed outputs")
-        self.effective_depth = sum(k * t for k, t in plan)
+        depth = sum(k * t for k, t in plan)
         class_token = carries_class_token(window_size, use_rel_pos)
         if not class_token and distilled:
             raise ValueError(f"distilled=True needs the class and distillation tokens, but {NO_CLASS_TOKEN}: use "
@@ -277,11 +221,10 @@ class SRViT(nn.Module):
         self.default_global_attn = global_attn_indexes is None
         global_attn_indexes = default_global_attn_indexes(layout, num_steps, ordinary_blocks, step_features) \
             if global_attn_indexes is None else list(global_attn_indexes)
-        wrong = [i for i in global_attn_indexes if isinstance(i, bool) or not isinstance(i, int)
-                 or not 0 <= i < self.effective_depth]
+        wrong = [i for i in global_attn_indexes if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < depth]
         if wrong:
             raise ValueError(f"global_attn_indexes {wrong} out of range: this model applies its blocks "
-                             f"{self.effective_depth} times, numbered 0..{self.effective_depth - 1} (step-major within "
+                             f"{depth} times, numbered 0..{depth - 1} (step-major within "
                              f"each unit); pass indices in that range, or None for the default "
                              f"{default_global_attn_indexes(layout, num_steps, ordinary_blocks, step_features)}")
 
@@ -298,9 +241,6 @@ class SRViT(nn.Module):
         self.num_prefix_tokens = (2 if distilled else 1) if class_token else 0
         self.window_size = window_size
         self.use_rel_pos = use_rel_pos
-        #: the block applications that attend over the whole grid (all of them when window_size=0)
-        self.global_attn_indexes = tuple(sorted(set(global_attn_indexes))) if window_size \
-            else tuple(range(self.effective_depth))
         self.pos_embed_interp = pos_embed_interp
         self.weight_init = weight_init
         self.zero_init_recursion = zero_init_recursion
@@ -316,26 +256,24 @@ class SRViT(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + self.num_prefix_tokens, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
 
-        rates = torch.linspace(0, drop_path_rate, self.effective_depth).tolist()
-        windows = [0 if i in self.global_attn_indexes else window_size for i in range(self.effective_depth)]
+        schedule = build_schedule(plan, drop_path_rate, window_size, global_attn_indexes, step_features)
         norm_layer = partial(nn.LayerNorm, eps=1e-6)
-        units, offset = [], 0
-        for k, t in plan:
+        units = []
+        for u, (k, t) in enumerate(plan):
             blocks = [Block(dim=embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
                             proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=0.0,
                             norm_layer=norm_layer) for _ in range(k)]
-            unit_windows = windows[offset:offset + k * t]
-            if use_rel_pos:  # tables for the extents each block is applied at (its applications: j::k)
+            if use_rel_pos:  # tables for the extents each block is applied at
                 for j, block in enumerate(blocks):
-                    own = unit_windows[j::k]
+                    window, has_global = schedule.extents(u, j)
                     block.attn = RelPosAttention(embed_dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
-                                                 proj_drop=proj_drop_rate, window_size=max(own),
-                                                 global_grid=None if all(own) else self.patch_embed.grid_size)
+                                                 proj_drop=proj_drop_rate, window_size=window,
+                                                 global_grid=self.patch_embed.grid_size if has_global else None)
+            applications = schedule.of_unit(u)
             units.append(SoftMoRUnit(blocks, num_steps=t, aggregation=aggregation,
                                      step_transforms=step_transforms,
-                                     drop_path_rates=rates[offset:offset + k * t],
-                                     zero_init=zero_init_recursion, window_sizes=unit_windows))
-            offset += k * t
+                                     drop_path_rates=[a.drop_path_rate for a in applications],
+                                     zero_init=zero_init_recursion, window_sizes=[a.window_size for a in applications]))
         self.units = nn.ModuleList(units)
         self.recursive_unit_indices = tuple(range(1, len(units) - 1)) if ordinary_blocks else tuple(range(len(units)))
         self.norm = norm_layer(embed_dim)
@@ -343,19 +281,21 @@ class SRViT(nn.Module):
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.head_dist = (nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()) \
             if distilled else None
-        self._update_features()
+        self._set_schedule(schedule)
         self.token_merge_ratio = 0.0
         self.set_token_merge_ratio(token_merge_ratio)
         self.init_weights()
 
-    def _update_features(self):
-        """Feature points and ``feature_info`` for the units as they are (after a change of
-        depth or a pruning)."""
-        plan = [(unit.num_blocks, unit.num_steps) for unit in self.units]
-        self.feature_points = feature_points(plan, self.step_features)
+    def _set_schedule(self, schedule: Schedule):
+        """The block applications the units run (set on them before), and what reads them:
+        the effective depth, the global applications, the feature points and ``feature_info``."""
+        self.schedule = schedule
+        self.effective_depth = schedule.depth
+        #: the block applications that attend over the whole grid (all of them when window_size=0)
+        self.global_attn_indexes = schedule.global_indexes
+        self.feature_points = list(schedule.features)
         self.feature_info = [dict(num_chs=self.embed_dim, reduction=self.patch_size, module=self._module_name(u, t))
                              for u, t in self.feature_points]
-        self.effective_depth = sum(k * t for k, t in plan)
 
     @staticmethod
     def _module_name(unit: int, step: int) -> str:
@@ -389,27 +329,22 @@ class SRViT(nn.Module):
             unit.set_num_steps(unit.num_steps, unit.drop_path_rates, unit.window_sizes)
         plan = [(unit.num_blocks, num_steps if u in self.recursive_unit_indices else unit.num_steps)
                 for u, unit in enumerate(self.units)]
-        depth = sum(k * t for k, t in plan)
-        rates = torch.linspace(0, self.drop_path_rate, depth).tolist()
-        globals_ = set(range(depth))
-        if self.window_size:
-            globals_ = set(default_global_attn_indexes(self.layout, num_steps, self.ordinary_blocks,
-                                                       self.step_features))
-        offsets = [sum(k * t for k, t in plan[:u]) for u in range(len(plan))]
-        windows = [[0 if i in globals_ else self.window_size for i in range(offset, offset + k * t)]
-                   for offset, (k, t) in zip(offsets, plan)]
+        global_attn = default_global_attn_indexes(self.layout, num_steps, self.ordinary_blocks, self.step_features) \
+            if self.window_size else None
+        schedule = build_schedule(plan, self.drop_path_rate, self.window_size, global_attn, self.step_features)
         if self.use_rel_pos:
-            self._check_rel_pos_tables(windows, num_steps)
-        for u, (unit, (k, t), offset) in enumerate(zip(self.units, plan, offsets)):
+            self._check_rel_pos_tables(schedule, num_steps)
+        for u, unit in enumerate(self.units):
+            applications = schedule.of_unit(u)
             if u in self.recursive_unit_indices:
-                unit.set_num_steps(t, rates[offset:offset + k * t], windows[u])
+                unit.set_num_steps(plan[u][1], [a.drop_path_rate for a in applications],
+                                   [a.window_size for a in applications])
             else:
-                unit.drop_path_rates = rates[offset:offset + k * t]
+                unit.drop_path_rates = [a.drop_path_rate for a in applications]
         self.num_steps = num_steps
-        self.global_attn_indexes = tuple(sorted(globals_))
-        self._update_features()
+        self._set_schedule(schedule)
 
-    def _check_rel_pos_tables(self, windows: Sequence[Sequence[int]], num_steps: int):
+    def _check_rel_pos_tables(self, schedule: Schedule, num_steps: int):
         """Refuse a depth at which a block would be applied at an extent (windowed or global)
         it holds no relative-position table for, or no longer at one it holds a table for: the
         first cannot run, the second leaves a parameter without a gradient (a DDP error)."""
@@ -418,8 +353,8 @@ class SRViT(nn.Module):
 
         for u, unit in enumerate(self.units):
             for j, block in enumerate(unit.blocks):
-                own = windows[u][j::unit.num_blocks]
-                needed = {"windowed": any(own), "global": not all(own)}
+                window, has_global = schedule.extents(u, j)
+                needed = {"windowed": bool(window), "global": has_global}
                 held = {"windowed": hasattr(block.attn, "window_rel_pos_h"),
                         "global": hasattr(block.attn, "global_rel_pos_h")}
                 if needed != held:
@@ -664,7 +599,7 @@ class SRViT(nn.Module):
         if step >= 0 and step + 1 < self.units[unit].num_steps:
             self.units[unit].truncate_steps(step + 1)
         self.recursive_unit_indices = tuple(i for i in self.recursive_unit_indices if i <= unit)
-        self._update_features()
+        self._set_schedule(self.schedule.restricted([(u.num_blocks, u.num_steps) for u in self.units]))
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:

@@ -1,0 +1,69 @@
+"""The schedule of block applications (models/schedule.py) is the one statement of which block
+runs where: its numbering, rates, windows and features, and every part of the model reads it
+(units, global applications, relative-position tables, features), also after a change of
+depth and a pruning."""
+import pytest
+import timm
+import torch
+
+import srvit_backbones  # noqa: F401  (registers the variants)
+from srvit_backbones.models import SRViT, build_schedule, default_global_attn_indexes
+from srvit_backbones.models.schedule import unit_plan
+
+
+def test_srvit_s_t3_schedule():
+    plan = unit_plan((4, 3, 2, 1), 3)
+    assert plan == [(1, 1), (4, 3), (3, 3), (2, 3), (1, 3), (1, 1)]
+    globals_ = default_global_attn_indexes((4, 3, 2, 1), 3)
+    assert globals_ == (1, 13, 22, 28, 31)
+    schedule = build_schedule(plan, 0.1, 14, globals_, step_features=False)
+    apps = schedule.applications
+    assert schedule.depth == 32 and [a.index for a in apps] == list(range(32))
+    # unit 1 (K=4, T=3), step-major: applications 1..12
+    assert [(a.step, a.block) for a in schedule.of_unit(1)] == [(t, k) for t in range(3) for k in range(4)]
+    assert [a.index for a in schedule.of_unit(1)] == list(range(1, 13))
+    torch.testing.assert_close(torch.tensor([a.drop_path_rate for a in apps]), torch.linspace(0, 0.1, 32))
+    assert schedule.global_indexes == globals_
+    assert [a.window_size for a in apps if a.index not in globals_] == [14] * 27
+    # block 0 of unit 1 runs globally at step 0 and windowed after; block 1 only windowed
+    assert schedule.extents(1, 0) == (14, True) and schedule.extents(1, 1) == (14, False)
+    assert schedule.features == ((0, -1), (1, -1), (2, -1), (3, -1), (4, -1), (5, -1))
+    cut = schedule.restricted([(1, 1), (4, 3), (3, 2)])
+    assert cut.depth == 1 + 12 + 6 and cut.applications == apps[:19]
+
+
+def test_bvit_features_count_steps_and_the_deit_layout_keeps_vitdets_global_blocks():
+    assert default_global_attn_indexes((1,) * 10, 1) == (2, 5, 8, 11)  # ViTDet's, for DeiT
+    schedule = build_schedule(unit_plan((1,), 12, ordinary_blocks=False), 0.0, 0, None, step_features=True)
+    assert schedule.features == tuple((0, t) for t in range(12)) and schedule.global_indexes == tuple(range(12))
+    assert default_global_attn_indexes((1,), 12, ordinary_blocks=False, step_features=True) == (2, 5, 8, 11)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(window_size=2, use_rel_pos=True),
+                                     dict(window_size=2, global_attn_indexes=(0, 3))])
+def test_the_model_runs_its_schedule(options):
+    model = SRViT(img_size=64, embed_dim=32, num_heads=2, layout=(2, 1), num_steps=3, drop_path_rate=0.3, **options)
+    schedule = model.schedule
+    assert model.effective_depth == schedule.depth == 2 + 3 * 3
+    assert model.global_attn_indexes == schedule.global_indexes
+    assert model.feature_points == list(schedule.features)
+    for u, unit in enumerate(model.units):
+        applications = schedule.of_unit(u)
+        assert unit.drop_path_rates == [a.drop_path_rate for a in applications]
+        assert unit.window_sizes == [a.window_size for a in applications]
+        for k, block in enumerate(unit.blocks):
+            window, has_global = schedule.extents(u, k)
+            if options.get("use_rel_pos"):
+                assert hasattr(block.attn, "window_rel_pos_h") == bool(window)
+                assert hasattr(block.attn, "global_rel_pos_h") == has_global
+
+
+def test_a_change_of_depth_and_a_pruning_keep_the_schedule_in_step():
+    model = timm.create_model("bvit_s", img_size=32, drop_path_rate=0.2)
+    model.set_num_steps(6)
+    assert model.schedule.depth == model.effective_depth == 6
+    assert model.units[0].drop_path_rates == [a.drop_path_rate for a in model.schedule.applications]
+    torch.testing.assert_close(torch.tensor(model.units[0].drop_path_rates), torch.linspace(0, 0.2, 6))
+    model.prune_intermediate_layers(indices=[1, 3])
+    assert model.units[0].num_steps == 4 and model.schedule.depth == model.effective_depth == 4
+    assert model.feature_points == list(model.schedule.features) == [(0, t) for t in range(4)]
