@@ -22,6 +22,7 @@ from mmseg.utils import register_all_modules
 
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import create_srvit
+from srvit_backbones.openmmlab.tools import sync_bn_to_bn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, "mmseg_configs")
@@ -41,17 +42,6 @@ def mmseg_scope():
         yield
 
 
-def _sync_bn_to_bn(node):
-    if isinstance(node, dict):
-        if node.get("type") == "SyncBN":
-            node["type"] = "BN"
-        for value in node.values():
-            _sync_bn_to_bn(value)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            _sync_bn_to_bn(value)
-
-
 def shrink(cfg: Config) -> Config:
     """The config's segmentor at width 32 and 64x64 crops, with BN, without a pretrained file."""
     model = cfg.model
@@ -63,7 +53,7 @@ def shrink(cfg: Config) -> Config:
     aux = model.get("auxiliary_head")
     for head in (aux if isinstance(aux, list) else [aux] if aux else []):
         head.update(in_channels=WIDTH, channels=16)
-    _sync_bn_to_bn(model)
+    sync_bn_to_bn(model)
     return cfg
 
 

@@ -129,18 +129,6 @@ def check_detectron2(args, device):
 
 
 # ---------------------------------------------------------------- (b) mmseg, AmpOptimWrapper
-def _sync_bn_to_bn(node):
-    """SyncBN needs CUDA; on the CPU the check runs mmseg's BN (what mmseg asks of CPU runs)."""
-    if isinstance(node, dict):
-        if node.get("type") == "SyncBN":
-            node["type"] = "BN"
-        for value in node.values():
-            _sync_bn_to_bn(value)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            _sync_bn_to_bn(value)
-
-
 def check_mmseg(args, device):
     from mmengine.config import Config
     from mmengine.optim import build_optim_wrapper
@@ -150,6 +138,7 @@ def check_mmseg(args, device):
     from mmseg.structures import SegDataSample
 
     import srvit_backbones.mmseg  # noqa: F401  (registers the backbone)
+    from srvit_backbones.openmmlab.tools import sync_bn_to_bn
 
     cfg = Config.fromfile(srvit_backbones.resolve_config("mmseg", SEGMENTOR))
     size = args.size if args.size < 512 else 512  # the config's crop
@@ -161,7 +150,7 @@ def check_mmseg(args, device):
             cfg.optim_wrapper.type = "AmpOptimWrapper"  # what a GPU user switches on
     else:
         cfg.optim_wrapper.type = "OptimWrapper"
-        _sync_bn_to_bn(cfg.model)
+        sync_bn_to_bn(cfg.model)  # SyncBN needs CUDA
     with DefaultScope.overwrite_default_scope("mmseg"):
         model = MODELS.build(cfg.model).to(device)
         model.init_weights()

@@ -86,3 +86,16 @@ def missing_path(where: str, dataset: dict, key: str, path: str) -> str:
     named = dataset["ann_file"] if key == "ann_file" else dataset["data_prefix"][key.split(".", 1)[1]]
     return (f"{dataset.get('type', 'dataset')} data not found: {path!r} does not exist "
             f"({where}.data_root={dataset.get('data_root') or ''!r} + {key}={named!r}{cwd}).")
+
+
+def sync_bn_to_bn(node) -> None:
+    """Every ``SyncBN`` of a config node made ``BN``, in place: SyncBN needs CUDA and a process
+    group, so a CPU run (a check, a test) takes mmseg's plain BN, as mmseg asks of CPU runs."""
+    if isinstance(node, dict):
+        if node.get("type") == "SyncBN":
+            node["type"] = "BN"
+        for value in node.values():
+            sync_bn_to_bn(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            sync_bn_to_bn(value)
