@@ -257,7 +257,7 @@ def test_fx_then_torchscript_equals_eager(name):
 def test_fx_feature_extraction_of_unit_outputs():
     """timm's FX feature class (``features_only=True, feature_cls='fx'``: a graph returning the
     ``feature_info`` modules, the units' token outputs), eager and scripted, equals the unit
-    outputs of ``forward_units``."""
+    outputs of ``forward_intermediates`` (tokens, prefix included)."""
     assert isinstance(tiny("srvit_s_t2", features_only=True, feature_cls="fx"), timm.models.FeatureGraphNet)
     model = tiny("srvit_s_t2", num_classes=0).eval()
     indices = [1, 2, 3, 4]
@@ -266,11 +266,12 @@ def test_fx_feature_extraction_of_unit_outputs():
     for size in SIZES:
         x = images(size)
         with torch.no_grad():
-            _, units, _, _ = model.forward_units(x, indices)
+            units = [torch.cat([prefix, feat], 1) for feat, prefix in model.forward_intermediates(
+                x, indices, output_fmt="NLC", intermediates_only=True, return_prefix_tokens=True)]
             for out in (fx_backbone(x), scripted(x)):
                 assert len(out) == len(indices)
-                for i, tokens in zip(indices, out):
-                    torch.testing.assert_close(tokens, units[i], rtol=0, atol=1e-6)
+                for tokens, expected in zip(out, units):
+                    torch.testing.assert_close(tokens, expected, rtol=0, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- torch.export

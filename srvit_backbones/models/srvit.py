@@ -513,8 +513,8 @@ class SRViT(nn.Module):
         x = x[:, self.num_prefix_tokens:]
         return x.transpose(1, 2).reshape(x.shape[0], x.shape[-1], grid[0], grid[1])
 
-    def forward_units(self, x: torch.Tensor, indices: Sequence[int], return_mixture: bool = False,
-                      stop_early: bool = False):
+    def _forward_units(self, x: torch.Tensor, indices: Sequence[int], return_mixture: bool = False,
+                       stop_early: bool = False):
         """Run the model, keeping the token outputs of the features in ``indices`` (units, or
         steps with ``step_features``).
 
@@ -552,7 +552,7 @@ class SRViT(nn.Module):
         ``mixture{i}`` holds unit i's (B, T, h, w) mixture weights.
         """
         indices = self.default_feature_indices if indices is None else self._check_indices(indices)
-        x, outputs, mixtures, grid = self.forward_units(x, indices, return_mixture)
+        x, outputs, mixtures, grid = self._forward_units(x, indices, return_mixture)
         feats = {self.feature_name(i): self.tokens_to_map(outputs[i], grid) for i in indices}
         feats["last_feat"] = self.tokens_to_map(x, grid)
         for i, w in mixtures.items():
@@ -577,7 +577,7 @@ class SRViT(nn.Module):
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take_indices, _ = feature_take_indices(len(self.feature_points), indices)
-        x, outputs, _, grid = self.forward_units(x, take_indices, stop_early=stop_early or intermediates_only)
+        x, outputs, _, grid = self._forward_units(x, take_indices, stop_early=stop_early or intermediates_only)
         intermediates = []
         for i in take_indices:
             tokens = self.norm(outputs[i]) if norm else outputs[i]
