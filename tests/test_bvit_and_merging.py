@@ -197,9 +197,9 @@ def test_merging_duplicates_with_proportional_attention_is_exact():
     patches = torch.randn(2, 8, 64).repeat_interleave(2, dim=1)  # 16 patches in identical pairs
     x = torch.cat([torch.randn(2, 1, 64), patches], dim=1)
     with torch.no_grad():
-        expected, weights = unit(x, return_weights=True, hw=(4, 4))
+        expected, weights = unit(x, return_weights=True, grid=(4, 4))
         unit.set_token_merge_ratio(0.5)
-        merged, merged_weights = unit(x, return_weights=True, hw=(4, 4))
+        merged, merged_weights = unit(x, return_weights=True, grid=(4, 4))
         torch.testing.assert_close(merged, expected, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(merged_weights, weights, rtol=1e-5, atol=1e-6)
         merge = BipartiteMerge(unit.blocks[0].norm1(x), 0.5, 1)

@@ -111,7 +111,7 @@ def test_block_application_matches_timm_vitdet_block(window, use_rel_pos):
               for k, v in sd.items()}
     ref.load_state_dict(sd)
     x = torch.randn(2, 5 * 7, 32)
-    out = apply_block(block, x, 0.0, False, hw=(5, 7), window_size=window)
+    out = apply_block(block, x, 0.0, False, grid=(5, 7), window_size=window)
     expected = ref(x.view(2, 5, 7, 32)).view(2, 35, 32)
     torch.testing.assert_close(out, expected)
     # and the gradients: the qkv bias also gets those of the padded tokens, whose projection it
@@ -341,10 +341,10 @@ def test_bad_window_arguments_name_the_argument_and_the_fix(kwargs, match):
 
 def test_windowed_unit_without_the_grid_is_a_clear_error():
     unit = SoftMoRUnit(tiny(window_size=2).units[1].blocks, num_steps=1, window_sizes=[2, 2])
-    with pytest.raises(ValueError, match=r"need the patch grid: call the unit as unit\(x, hw=\(h, w\)\)"):
+    with pytest.raises(ValueError, match=r"need the patch grid: call the unit as unit\(x, grid=\(h, w\)\)"):
         unit(torch.randn(1, 16, 32))
     with pytest.raises(ValueError, match="17 tokens do not form the 4x4 patch grid.*no class token"):
-        unit(torch.randn(1, 17, 32), hw=(4, 4))
+        unit(torch.randn(1, 17, 32), grid=(4, 4))
     with pytest.raises(ValueError, match=r"window_sizes needs 2 integers >= 0"):
         SoftMoRUnit(tiny().units[1].blocks, num_steps=1, window_sizes=[2, -2])
 

@@ -149,7 +149,7 @@ class _Units(nn.Module):
 
     def forward(self, x):
         for unit in self.units:
-            x = unit(x, hw=self.grid)
+            x = unit(x, grid=self.grid)
         return x
 
 

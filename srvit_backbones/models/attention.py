@@ -57,13 +57,13 @@ class RelPosAttention(Attention):
             return self.window_rel_pos_h, self.window_rel_pos_w
         return self.global_rel_pos_h, self.global_rel_pos_w
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int], window_size: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, grid: Tuple[int, int], window_size: int = 0) -> torch.Tensor:
         """x: (B, h*w, D) tokens of the (h, w) patch grid, attended within windows of
         ``window_size`` or (0) over the whole grid."""
-        return grid_attention(self, x, hw, window_size)
+        return grid_attention(self, x, grid, window_size)
 
 
-def grid_attention(attn: Attention, x: torch.Tensor, hw: Tuple[int, int], window_size: int = 0) -> torch.Tensor:
+def grid_attention(attn: Attention, x: torch.Tensor, grid: Tuple[int, int], window_size: int = 0) -> torch.Tensor:
     """timm's ``Attention`` (same parameters, same result as its ``forward``) over the (B, h*w, D)
     tokens of an (h, w) patch grid: within ViTDet's windows of ``window_size`` (the grid padded
     to whole windows, see ``window_qkv``) or (0) over the whole grid; with decomposed relative
@@ -73,18 +73,18 @@ def grid_attention(attn: Attention, x: torch.Tensor, hw: Tuple[int, int], window
     gate = attn.gate(x).sigmoid() if getattr(attn, "gate", None) is not None else None
     qkv = attn.qkv(x)
     if window_size:
-        q, k, v = window_qkv(qkv, attn.qkv.bias, hw, window_size, attn.num_heads).unbind(0)
+        q, k, v = window_qkv(qkv, attn.qkv.bias, grid, window_size, attn.num_heads).unbind(0)
         size = (window_size, window_size)
     else:
         q, k, v = qkv.reshape(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        size = hw
+        size = grid
     q, k = attn.q_norm(q), attn.k_norm(k)
     dropout_p = attn.attn_drop.p if attn.training else 0.0
     if isinstance(attn, RelPosAttention):
         x = rel_pos_attention(q, k, v, *attn.rel_pos_tables(windowed=bool(window_size)), size, dropout_p)
     else:
         x = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-    x = attn.norm(merge_windows(x, hw, window_size) if window_size else x.transpose(1, 2).reshape(B, N, attn.attn_dim))
+    x = attn.norm(merge_windows(x, grid, window_size) if window_size else x.transpose(1, 2).reshape(B, N, attn.attn_dim))
     if gate is not None:
         x = x * gate
     return attn.proj_drop(attn.proj(x))
@@ -92,18 +92,18 @@ def grid_attention(attn: Attention, x: torch.Tensor, hw: Tuple[int, int], window
 
 @torch.fx.wrap
 @register_notrace_function
-def check_patch_tokens(x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+def check_patch_tokens(x: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
     """``x`` unchanged if its tokens form the (h, w) patch grid, else a clear error. A leaf for
     FX (the test is Python control flow on the input's size), kept in the graph by returning ``x``."""
-    if x.shape[1] != hw[0] * hw[1]:
-        raise ValueError(f"{x.shape[1]} tokens do not form the {hw[0]}x{hw[1]} patch grid: {NO_CLASS_TOKEN}")
+    if x.shape[1] != grid[0] * grid[1]:
+        raise ValueError(f"{x.shape[1]} tokens do not form the {grid[0]}x{grid[1]} patch grid: {NO_CLASS_TOKEN}")
     return x
 
 
-def attend(attn: nn.Module, x: torch.Tensor, hw: Optional[Tuple[int, int]] = None,
+def attend(attn: nn.Module, x: torch.Tensor, grid: Optional[Tuple[int, int]] = None,
            window_size: int = 0, attn_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One application of a block's attention to (B, N, D) tokens: global, or in windows of
-    ``window_size`` over the (h, w) patch grid ``hw``; with the block's relative positions if
+    ``window_size`` over the (h, w) patch grid ``grid``; with the block's relative positions if
     it has them. Global attention without relative positions is exactly ``attn(x)``;
     ``attn_bias`` (global attention only: merged tokens' proportional attention) is added to
     its logits."""
@@ -112,7 +112,7 @@ def attend(attn: nn.Module, x: torch.Tensor, hw: Optional[Tuple[int, int]] = Non
         return attn(x) if attn_bias is None else attn(x, attn_mask=attn_bias)
     if attn_bias is not None:
         check_merging_allowed(bool(window_size), rel_pos, what="an attention bias (token merging)")
-    if hw is None:
+    if grid is None:
         raise ValueError("windowed attention and relative positions need the patch grid: call the unit as "
-                         "unit(x, hw=(h, w)) (SRViT passes it)")
-    return grid_attention(attn, check_patch_tokens(x, hw), hw, window_size)
+                         "unit(x, grid=(h, w)) (SRViT passes it)")
+    return grid_attention(attn, check_patch_tokens(x, grid), grid, window_size)

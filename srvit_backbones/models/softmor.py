@@ -20,17 +20,17 @@ AGGREGATIONS = ("soft", "hard", "last")
 
 
 def apply_block(block: nn.Module, x: torch.Tensor, drop_prob: float, training: bool,
-                hw: Optional[Tuple[int, int]] = None, window_size: int = 0,
+                grid: Optional[Tuple[int, int]] = None, window_size: int = 0,
                 attn_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One application of a timm ViT ``Block`` with its own stochastic-depth rate and window.
 
     A shared block runs at several depths, so its drop-path rate and whether its attention is
     windowed belong to the application, not to the module (the block itself is built with
-    drop_path=0). ``window_size`` > 0 attends within windows of the (h, w) patch grid ``hw``
+    drop_path=0). ``window_size`` > 0 attends within windows of the (h, w) patch grid ``grid``
     (see ``attention.attend``); ``attn_bias`` is added to global attention's logits (token
     merging). With ``drop_prob=0`` and global attention this is exactly ``block(x)``.
     """
-    x = x + drop_path(block.ls1(attend(block.attn, block.norm1(x), hw, window_size, attn_bias)), drop_prob, training)
+    x = x + drop_path(block.ls1(attend(block.attn, block.norm1(x), grid, window_size, attn_bias)), drop_prob, training)
     x = x + drop_path(block.ls2(block.mlp(block.norm2(x))), drop_prob, training)
     return x
 
@@ -62,10 +62,10 @@ class SoftMoRUnit(nn.Module):
         window_sizes: one attention window per block application (K * T values, step-major,
             like ``drop_path_rates``); 0 = global attention (the default for all). Windowed
             applications, and blocks with relative positions, need the unit called with the
-            patch grid, ``unit(x, hw=(h, w))``, on patch tokens only.
+            patch grid, ``unit(x, grid=(h, w))``, on patch tokens only.
         token_merge_ratio: merge this fraction of the patch tokens at the unit's entry, run
             all T steps and the router on the reduced set, unmerge at the exit (see
-            ``merge.BipartiteMerge``); 0 (default) = off. Needs the unit called with ``hw``
+            ``merge.BipartiteMerge``); 0 (default) = off. Needs the unit called with ``grid``
             (the prefix tokens are those before the grid) and global attention without
             relative positions.
     """
@@ -184,7 +184,7 @@ class SoftMoRUnit(nn.Module):
                                "token_merge_ratio=0 (set_token_merge_ratio(0)), or trace it with torch.fx")
         return self
 
-    def _run_blocks(self, z: torch.Tensor, step: int, hw: Optional[Tuple[int, int]],
+    def _run_blocks(self, z: torch.Tensor, step: int, grid: Optional[Tuple[int, int]],
                     attn_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         for k, block in enumerate(self.blocks):
             app = step * self.num_blocks + k
@@ -197,10 +197,10 @@ class SoftMoRUnit(nn.Module):
             elif self.grad_checkpointing and torch.is_grad_enabled():
                 # Non-reentrant: each *application* is checkpointed, which stays correct when
                 # the same parameters are used several times per forward (and under DDP).
-                z = checkpoint(apply_block, block, z, rate, self.training, hw, window, attn_bias,
+                z = checkpoint(apply_block, block, z, rate, self.training, grid, window, attn_bias,
                                use_reentrant=False)
             else:
-                z = apply_block(block, z, rate, self.training, hw, window, attn_bias)
+                z = apply_block(block, z, rate, self.training, grid, window, attn_bias)
         return z
 
     def _step_input(self, h: torch.Tensor, step: int) -> torch.Tensor:
@@ -217,33 +217,33 @@ class SoftMoRUnit(nn.Module):
         """Mixture weights (B, N, T), softmax over steps, in float32 even under autocast."""
         return router_softmax(x, self.router.weight, self.router.bias)
 
-    def forward(self, x: torch.Tensor, return_weights: bool = False, hw: Optional[Tuple[int, int]] = None):
+    def forward(self, x: torch.Tensor, return_weights: bool = False, grid: Optional[Tuple[int, int]] = None):
         """x: (B, N, D) -> (B, N, D); with ``return_weights`` also the (B, N, T) mixture
-        weights actually applied (one-hot for ``hard``, None for ``last`` or T=1). ``hw``: the
+        weights actually applied (one-hot for ``hard``, None for ``last`` or T=1). ``grid``: the
         patch grid of the N tokens, needed by windowed applications, relative positions and
         token merging. TorchScript returns the tokens only (one return type), as timm's
         distilled ViT does."""
         if not torch.jit.is_scripting():
             if self.token_merge_ratio > 0:
-                y, applied, _ = self._recur_merged(x, hw, [])
+                y, applied, _ = self._recur_merged(x, grid, [])
                 return (y, applied) if return_weights else y
-        y, applied, _ = self._recur(x, hw, None, [])
+        y, applied, _ = self._recur(x, grid, None, [])
         if return_weights and not torch.jit.is_scripting():
             return y, applied
         return y
 
     @torch.jit.unused
     def forward_steps(self, x: torch.Tensor, steps: List[int],
-                      hw: Optional[Tuple[int, int]] = None) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+                      grid: Optional[Tuple[int, int]] = None) -> Tuple[torch.Tensor, List[torch.Tensor]]:
         """The unit's output and the outputs of the recursion ``steps`` (0-based), for
         features taken inside a unit (bViT's steps T/4, T/2, 3T/4, T)."""
         if self.token_merge_ratio > 0:
-            y, _, tapped = self._recur_merged(x, hw, list(steps))
+            y, _, tapped = self._recur_merged(x, grid, list(steps))
         else:
-            y, _, tapped = self._recur(x, hw, None, list(steps))
+            y, _, tapped = self._recur(x, grid, None, list(steps))
         return y, tapped
 
-    def _recur(self, x: torch.Tensor, hw: Optional[Tuple[int, int]], attn_bias: Optional[torch.Tensor],
+    def _recur(self, x: torch.Tensor, grid: Optional[Tuple[int, int]], attn_bias: Optional[torch.Tensor],
                taps: List[int]) -> Tuple[torch.Tensor, Optional[torch.Tensor], List[torch.Tensor]]:
         """The T steps and their mixture: (output, applied weights or None, outputs of the
         steps in ``taps``)."""
@@ -251,7 +251,7 @@ class SoftMoRUnit(nn.Module):
         if self.router is None:
             h = x
             for t in range(self.num_steps):
-                h = self._run_blocks(self._step_input(h, t), t, hw, attn_bias)
+                h = self._run_blocks(self._step_input(h, t), t, grid, attn_bias)
                 if t in taps:
                     tapped.append(h)
             return h, None, tapped
@@ -273,26 +273,26 @@ class SoftMoRUnit(nn.Module):
 
         # accumulate the mixture in place, one fused op per step: no per-step product and no
         # stack of the T outputs (autograd keeps only h, needed anyway, and the step's weights)
-        h = self._run_blocks(x, 0, hw, attn_bias)
+        h = self._run_blocks(x, 0, grid, attn_bias)
         if 0 in taps:
             tapped.append(h)
         y = weights[..., 0:1] * h
         for t in range(1, self.num_steps):
-            h = self._run_blocks(self._step_input(h, t), t, hw, attn_bias)
+            h = self._run_blocks(self._step_input(h, t), t, grid, attn_bias)
             if t in taps:
                 tapped.append(h)
             y = y.addcmul_(weights[..., t : t + 1], h)
         return y, applied, tapped
 
     @torch.jit.unused
-    def _recur_merged(self, x: torch.Tensor, hw: Optional[Tuple[int, int]],
+    def _recur_merged(self, x: torch.Tensor, grid: Optional[Tuple[int, int]],
                       taps: List[int]) -> Tuple[torch.Tensor, Optional[torch.Tensor], List[torch.Tensor]]:
         """``_recur`` on merged tokens: merge at the entry (similarity of the first block's
         normalised input), proportional attention through all steps, every output unmerged."""
-        if hw is None:
+        if grid is None:
             raise ValueError("token merging needs the patch grid to tell prefix tokens from patches: call the "
-                             "unit as unit(x, hw=(h, w)) (SRViT passes it)")
-        merge = BipartiteMerge(self.blocks[0].norm1(x), self.token_merge_ratio, x.shape[1] - hw[0] * hw[1])
+                             "unit as unit(x, grid=(h, w)) (SRViT passes it)")
+        merge = BipartiteMerge(self.blocks[0].norm1(x), self.token_merge_ratio, x.shape[1] - grid[0] * grid[1])
         y, applied, tapped = self._recur(merge.merge(x), None, merge.attention_bias(x.dtype), taps)
         applied = None if applied is None else merge.unmerge(applied)
         return merge.unmerge(y), applied, [merge.unmerge(h) for h in tapped]

@@ -484,7 +484,7 @@ class SRViT(nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x, grid = self.embed(x)
         for unit in self.units:
-            x = unit(x, hw=grid)
+            x = unit(x, grid=grid)
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False):
@@ -529,15 +529,15 @@ class SRViT(nn.Module):
             here = {i: t for i, (v, t) in wanted.items() if v == u}
             steps = sorted(t for t in here.values() if t >= 0)
             if steps:
-                x, tapped = unit.forward_steps(x, steps, hw=grid)
+                x, tapped = unit.forward_steps(x, steps, grid=grid)
                 outputs.update({i: tapped[steps.index(t)] for i, t in here.items()})
                 continue
             if return_mixture and here:
-                x, weights = unit(x, return_weights=True, hw=grid)
+                x, weights = unit(x, return_weights=True, grid=grid)
                 if weights is not None:
                     mixtures[u] = weights
             else:
-                x = unit(x, hw=grid)
+                x = unit(x, grid=grid)
             outputs.update({i: x for i in here})
         return x, outputs, mixtures, grid
 
