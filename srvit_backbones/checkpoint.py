@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
-from .models.srvit import resize_pos_embed
+from .models.srvit import resize_pos_embed, serves_as_is
 from .models.rel_pos import is_rel_pos, resize_rel_pos
 from .models.rules import split_pos_embed
 
@@ -261,7 +261,7 @@ def adapt_pos_embed(pos_embed: torch.Tensor, model: nn.Module, report: Optional[
             prefix = torch.cat([prefix, prefix[:, :1].expand(-1, n_prefix_new - n_prefix_old, -1)], dim=1)
         if report is not None:
             report.notes.append(f"pos_embed prefix tokens {n_prefix_old} -> {n_prefix_new}")
-    if (side, side) != tuple(grid_new):
+    if not serves_as_is([side, side], grid_new):
         grid_tokens = resize_pos_embed(grid_tokens, (side, side), grid_new, model.pos_embed_interp)
         if report is not None:
             report.notes.append(f"pos_embed resized {side}x{side} -> {grid_new[0]}x{grid_new[1]} "

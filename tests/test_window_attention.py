@@ -19,6 +19,8 @@ from srvit_backbones.models import RelPosAttention, apply_block, default_global_
 from srvit_backbones.models.rel_pos import is_rel_pos, resize_rel_pos
 from srvit_backbones.models.window import merge_windows, window_qkv
 
+from helpers import load_tool
+
 
 def tiny(**kw):
     args = dict(img_size=64, patch_size=16, embed_dim=32, num_heads=2, layout=(2, 1), num_steps=3, num_classes=5)
@@ -523,30 +525,16 @@ def test_the_gpu_choices_of_kernel_and_blocks_equal_the_cpu_ones(grid, window, b
     (``uses_fused_kernel``, ``default_block_elements``, chosen from the device type). Passing
     'cuda' runs those choices here: outputs and gradients equal the CPU choices' to 1e-5, for
     windows (padded to whole windows by ``window_qkv``) and the global grid."""
-    from srvit_backbones.models.rel_pos import default_block_elements, rel_pos_attention, uses_fused_kernel
+    from srvit_backbones.models.rel_pos import default_block_elements, uses_fused_kernel
 
-    torch.manual_seed(0)
-    heads, C = 2, 8
     size = (window, window) if window else grid
     keys = size[0] * size[1]
     assert uses_fused_kernel("cuda", torch.float32, keys, 0.0) and not uses_fused_kernel("cpu", torch.float32, keys, 0.0)
     assert default_block_elements("cuda", fused=False) > default_block_elements("cpu", fused=False)
 
-    qkv = torch.randn(2, grid[0] * grid[1], 3 * heads * C)
-    if window:
-        q, k, v = window_qkv(qkv, torch.randn(3 * heads * C), grid, window, heads).unbind(0)
-    else:
-        q, k, v = qkv.view(2, -1, 3, heads, C).permute(2, 0, 3, 1, 4).unbind(0)
-    inputs = [t.contiguous().requires_grad_() for t in (q, k, v)]
-    inputs += [torch.randn(2 * n - 1, C).mul_(0.3).requires_grad_() for n in size]
-    results = {}
-    for device_type in ("cpu", "cuda"):
-        out = rel_pos_attention(*inputs, size, 0.0, block_elements, device_type=device_type)
-        results[device_type] = (out, torch.autograd.grad((out * out.detach().cos()).sum(), inputs))
-    (cpu_out, cpu_grads), (gpu_out, gpu_grads) = results["cpu"], results["cuda"]
-    torch.testing.assert_close(gpu_out, cpu_out, rtol=1e-5, atol=1e-5)
-    for a, b in zip(gpu_grads, cpu_grads):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    results = load_tool("gpu_check").kernel_under_both_choices(grid, window, block_elements)  # what make gpu-check runs
+    for gpu, cpu in zip(results["cuda"], results["cpu"], strict=True):
+        torch.testing.assert_close(gpu, cpu, rtol=1e-5, atol=1e-5)
 
 
 def test_relative_position_attention_keeps_no_query_by_key_tensor_for_backward():

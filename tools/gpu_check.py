@@ -73,13 +73,19 @@ class Timer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def start(self):
+        self.sync()
+        self._started = time.perf_counter()
+
+    def stop(self):
+        self.sync()
+        self.times.append(time.perf_counter() - self._started)
+
     @contextlib.contextmanager
     def step(self):
-        self.sync()
-        start = time.perf_counter()
+        self.start()
         yield
-        self.sync()
-        self.times.append(time.perf_counter() - start)
+        self.stop()
 
     def summary(self, warmup: int) -> dict:
         timed = self.times[warmup:] or self.times
@@ -110,11 +116,10 @@ def check_detectron2(args, device):
 
         class TimeSteps(HookBase):
             def before_step(self):
-                self._step = timer.step()
-                self._step.__enter__()
+                timer.start()
 
             def after_step(self):
-                self._step.__exit__(None, None, None)
+                timer.stop()
 
         trainer.register_hooks([TimeSteps()])
         trainer.train(0, args.warmup + args.steps)
@@ -200,7 +205,7 @@ def check_pretrain(args, device):
         batches = list(run.train_loader)  # the loader's own batches, augmented and on the device
         for i in range(steps):
             with timer.step():
-                engine.train_one_epoch(0, run.train_model, batches[i % len(batches):][:1], run.optimizer, run.criterion,
+                engine.train_one_epoch(0, run.train_model, [batches[i % len(batches)]], run.optimizer, run.criterion,
                                        run.scheduler, run_args, loss_scaler=run.loss_scaler, mixup_fn=run.mixup_fn,
                                        state=run.state)
     return dict(model="srvit_s_t3", size=size, batch=run_args.batch_size, amp=run_args.amp,
@@ -227,35 +232,42 @@ def _cosine(a, b):
     return F.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0).item()
 
 
-def check_branches(args, device):
-    """The GPU's kernel and block choices against the CPU's on CPU tensors (always), and on a
-    GPU the tiny windowed model's features and gradients there against the CPU's fp32."""
+def kernel_under_both_choices(grid, window, block_elements=None, seed=0):
+    """Outputs and gradients of ``rel_pos_attention`` on CPU tensors under the CPU's and the
+    GPU's choices of kernel and block size: {"cpu": [out, *grads], "cuda": [out, *grads]}.
+    ``window`` 0 attends over the whole grid; otherwise ``window_qkv`` pads to whole windows."""
     from srvit_backbones.models.rel_pos import rel_pos_attention
     from srvit_backbones.models.window import window_qkv
 
-    rows, ok = [], True
     heads, C = 2, 8
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(2, grid[0] * grid[1], 3 * heads * C, generator=g)
+    if window:
+        q, k, v = window_qkv(qkv, torch.randn(3 * heads * C, generator=g), grid, window, heads).unbind(0)
+    else:
+        q, k, v = qkv.view(2, -1, 3, heads, C).permute(2, 0, 3, 1, 4).unbind(0)
+    size = (window, window) if window else grid
+    inputs = [t.contiguous().requires_grad_() for t in (q, k, v)]
+    inputs += [torch.randn(2 * n - 1, C, generator=g).mul_(0.3).requires_grad_() for n in size]
+    results = {}
+    for device_type in ("cpu", "cuda"):
+        out = rel_pos_attention(*inputs, size, 0.0, block_elements, device_type=device_type)
+        results[device_type] = [out, *torch.autograd.grad((out * out.detach().cos()).sum(), inputs)]
+    return results
+
+
+def check_branches(args, device):
+    """The GPU's kernel and block choices against the CPU's on CPU tensors (always), and on a
+    GPU the tiny windowed model's features and gradients there against the CPU's fp32."""
+    rows = []
     for name, grid, window in (("padded_windows", (6, 7), 3), ("windows", (6, 6), 3), ("global", (9, 9), 0)):
-        g = torch.Generator().manual_seed(0)
-        qkv = torch.randn(2, grid[0] * grid[1], 3 * heads * C, generator=g)
-        if window:
-            q, k, v = window_qkv(qkv, torch.randn(3 * heads * C, generator=g), grid, window, heads).unbind(0)
-        else:
-            q, k, v = qkv.view(2, -1, 3, heads, C).permute(2, 0, 3, 1, 4).unbind(0)
-        size = (window, window) if window else grid
-        inputs = [t.contiguous().requires_grad_() for t in (q, k, v)]
-        inputs += [torch.randn(2 * n - 1, C, generator=g).mul_(0.3).requires_grad_() for n in size]
-        results = {}
-        for device_type in ("cpu", "cuda"):
-            out = rel_pos_attention(*inputs, size, device_type=device_type)
-            results[device_type] = [out] + list(torch.autograd.grad((out * out.detach().cos()).sum(), inputs))
+        results = kernel_under_both_choices(grid, window)
         diff = max((a - b).abs().max().item() for a, b in zip(results["cuda"], results["cpu"]))
         rows.append(dict(case=f"rel-pos kernel, GPU choices on the CPU, {name}", max_abs_diff=diff,
                          tolerance=1e-5, ok=diff <= 1e-5))
     if device.type == "cuda":
         rows += _model_on_the_gpu(device)
-    ok = all(row["ok"] for row in rows)
-    return dict(rows=rows, ok=ok)
+    return dict(rows=rows, ok=all(row["ok"] for row in rows))
 
 
 def _model_on_the_gpu(device):

@@ -54,4 +54,5 @@ param_scheduler = [
 ]
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=200, val_interval=200)
 default_hooks = dict(logger=dict(interval=10), checkpoint=dict(interval=100))
+randomness = dict(seed=0)  # the same run every time, as the detectron2 and mmdet quickstarts
 work_dir = 'output/quickstart_mmseg'

@@ -73,13 +73,18 @@ def resolve_layout(layout: Union[str, Sequence[int]], num_middle_blocks: int) ->
     return layout
 
 
+def serves_as_is(old_grid: List[int], new_grid: List[int]) -> bool:
+    """Whether a position table made for ``old_grid`` serves ``new_grid`` without a resize: the
+    same grid, and not under ``torch.export``, where the table is always resampled (an identity
+    at the same size) so that the exported graph does not keep the example input's size."""
+    return not is_exporting() and old_grid[0] == new_grid[0] and old_grid[1] == new_grid[1]
+
+
 def resize_pos_embed(grid_tokens: torch.Tensor, old_grid: List[int], new_grid: List[int],
                      mode: str = "bicubic") -> torch.Tensor:
     """Resize a (1, h*w, D) position table without prefix tokens; the one resize used at run
-    time (dense inputs) and at load time (checkpoints of another resolution). Under
-    ``torch.export`` it always resamples (an identity at the same size), so that the exported
-    graph does not keep the example input's size."""
-    if not is_exporting() and old_grid[0] == new_grid[0] and old_grid[1] == new_grid[1]:
+    time (dense inputs) and at load time (checkpoints of another resolution)."""
+    if serves_as_is(old_grid, new_grid):
         return grid_tokens
     return resample_abs_pos_embed(grid_tokens, new_size=[new_grid[0], new_grid[1]],
                                   old_size=[old_grid[0], old_grid[1]], num_prefix_tokens=0,
@@ -111,7 +116,7 @@ def pos_embed_for_grid(pos_embed: torch.Tensor, num_prefix_tokens: int, old_grid
     """The (1, prefix + h*w, D) position table for a (h, w) patch grid: the table itself at its
     own grid, else its grid part resized (``resize_pos_embed``). A leaf for FX: whether to
     resize is decided on the input's size."""
-    if not is_exporting() and old_grid[0] == new_grid[0] and old_grid[1] == new_grid[1]:
+    if serves_as_is([old_grid[0], old_grid[1]], [new_grid[0], new_grid[1]]):
         return pos_embed
     n = num_prefix_tokens
     grid_tokens = resize_pos_embed(pos_embed[:, n:], [old_grid[0], old_grid[1]], [new_grid[0], new_grid[1]], mode)
