@@ -532,7 +532,8 @@ def test_the_gpu_choices_of_kernel_and_blocks_equal_the_cpu_ones(grid, window, b
     assert uses_fused_kernel("cuda", torch.float32, keys, 0.0) and not uses_fused_kernel("cpu", torch.float32, keys, 0.0)
     assert default_block_elements("cuda", fused=False) > default_block_elements("cpu", fused=False)
 
-    results = load_tool("gpu_check").kernel_under_both_choices(grid, window, block_elements)  # what make gpu-check runs
+    # the comparison make gpu-check runs
+    results = load_tool("gpu_check").kernel_under_both_choices(grid, window, block_elements)
     for gpu, cpu in zip(results["cuda"], results["cpu"], strict=True):
         torch.testing.assert_close(gpu, cpu, rtol=1e-5, atol=1e-5)
 

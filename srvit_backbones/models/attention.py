@@ -30,20 +30,30 @@ class RelPosAttention(Attention):
     (2 * window_size - 1 rows) and ``global_rel_pos_{h,w}`` (2 * grid - 1 rows for the
     model's ``img_size`` grid; interpolated for other input sizes, as ViTDet does).
 
+    timm's ``Block(attn_layer=RelPosAttention)`` builds it as it builds ``Attention`` (the same
+    arguments); the extents, which a ``Block`` cannot pass on, are given here or by
+    ``add_rel_pos_tables`` once the schedule says where the block is applied.
+
     Args:
         window_size: the window of the block's windowed applications (0: it has none).
         global_grid: the patch grid of its global applications (None: it has none).
+        kwargs: timm's ``Attention`` arguments.
     """
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0, window_size: int = 0, global_grid: Optional[Tuple[int, int]] = None):
-        super().__init__(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop)
+    def __init__(self, dim: int, num_heads: int = 8, window_size: int = 0,
+                 global_grid: Optional[Tuple[int, int]] = None, **kwargs):
+        super().__init__(dim, num_heads=num_heads, **kwargs)
+        self.add_rel_pos_tables(window_size, global_grid)
+
+    def add_rel_pos_tables(self, window_size: int = 0, global_grid: Optional[Tuple[int, int]] = None):
+        """Zero tables for windowed applications of ``window_size`` and global ones over ``global_grid``."""
+        like = dict(device=self.qkv.weight.device, dtype=self.qkv.weight.dtype)
         if window_size:
-            self.window_rel_pos_h = nn.Parameter(torch.zeros(2 * window_size - 1, self.head_dim))
-            self.window_rel_pos_w = nn.Parameter(torch.zeros(2 * window_size - 1, self.head_dim))
+            self.window_rel_pos_h = nn.Parameter(torch.zeros(2 * window_size - 1, self.head_dim, **like))
+            self.window_rel_pos_w = nn.Parameter(torch.zeros(2 * window_size - 1, self.head_dim, **like))
         if global_grid is not None:
-            self.global_rel_pos_h = nn.Parameter(torch.zeros(2 * global_grid[0] - 1, self.head_dim))
-            self.global_rel_pos_w = nn.Parameter(torch.zeros(2 * global_grid[1] - 1, self.head_dim))
+            self.global_rel_pos_h = nn.Parameter(torch.zeros(2 * global_grid[0] - 1, self.head_dim, **like))
+            self.global_rel_pos_w = nn.Parameter(torch.zeros(2 * global_grid[1] - 1, self.head_dim, **like))
 
     @torch.no_grad()
     def reset_rel_pos(self):

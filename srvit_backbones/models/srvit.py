@@ -21,7 +21,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-from timm.layers import PatchEmbed, is_exporting, register_notrace_function, resample_abs_pos_embed, trunc_normal_
+from timm.layers import (Attention, PatchEmbed, is_exporting, register_notrace_function, resample_abs_pos_embed,
+                         trunc_normal_)
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import named_apply
 from timm.models.vision_transformer import Block, get_init_weights_vit
@@ -267,13 +268,12 @@ class SRViT(nn.Module):
         for u, (k, t) in enumerate(plan):
             blocks = [Block(dim=embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
                             proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=0.0,
-                            norm_layer=norm_layer) for _ in range(k)]
+                            norm_layer=norm_layer, attn_layer=RelPosAttention if use_rel_pos else Attention)
+                      for _ in range(k)]
             if use_rel_pos:  # tables for the extents each block is applied at
                 for j, block in enumerate(blocks):
                     window, has_global = schedule.extents(u, j)
-                    block.attn = RelPosAttention(embed_dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
-                                                 proj_drop=proj_drop_rate, window_size=window,
-                                                 global_grid=self.patch_embed.grid_size if has_global else None)
+                    block.attn.add_rel_pos_tables(window, self.patch_embed.grid_size if has_global else None)
             applications = schedule.of_unit(u)
             units.append(SoftMoRUnit(blocks, num_steps=t, aggregation=aggregation,
                                      step_transforms=step_transforms,
