@@ -59,11 +59,15 @@ class Schedule:
 
     def restricted(self, plan: Plan) -> "Schedule":
         """The schedule of a model cut to ``plan`` (fewer units, fewer steps in the last one):
-        the applications kept as they were (rates and windows of the whole model)."""
+        the applications and feature points that still run, as they were (rates and windows of
+        the whole model)."""
         plan = tuple(plan)
-        kept = tuple(a for a in self.applications if a.unit < len(plan) and a.step < plan[a.unit][1])
-        step_features = any(step >= 0 for _, step in self.features)
-        return Schedule(plan, kept, tuple(feature_points(plan, step_features)))
+
+        def runs(unit: int, step: int) -> bool:  # step -1: the unit's output
+            return unit < len(plan) and step < plan[unit][1]
+
+        return Schedule(plan, tuple(a for a in self.applications if runs(a.unit, a.step)),
+                        tuple((u, t) for u, t in self.features if runs(u, t)))
 
 
 def unit_plan(layout: Sequence[int], num_steps: int, ordinary_blocks: bool = True) -> List[Tuple[int, int]]:
