@@ -355,6 +355,26 @@ def test_the_quickstart_seed_gives_the_same_weights(seg_root):
     assert first["meta"]["seed"] == second["meta"]["seed"] == 0
 
 
+def test_amp_is_one_rule_for_both_openmmlab_tools(tmp_path, monkeypatch):
+    """``--amp`` switches a config to mmengine's AmpOptimWrapper with a dynamic loss scale where
+    CUDA is present; without it, ``--amp`` and a config that trains with AMP are refused with
+    the fix, by train_seg and train_det alike (one ``apply_amp``)."""
+    from srvit_backbones.openmmlab.tools import apply_amp
+
+    cfg = Config.fromfile(QUICKSTART)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    apply_amp(cfg, requested=True)
+    assert cfg.optim_wrapper.type == "AmpOptimWrapper" and cfg.optim_wrapper.loss_scale == "dynamic"
+    assert cfg.optim_wrapper.constructor == "SRViTLayerDecayOptimizerConstructor"  # the rest kept
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for tool, config in (("train_seg", QUICKSTART), ("train_det", "quickstart/mask_rcnn_srvit_tiny_cpu.py")):
+        common = [config, "--work-dir", str(tmp_path / "w")]
+        with pytest.raises(SystemExit, match=r"--amp needs a GPU .*drop --amp"):
+            load_tool(tool).main([*common, "--amp"])
+        with pytest.raises(SystemExit, match=r"needs a CUDA GPU.*--cfg-options optim_wrapper.type=OptimWrapper"):
+            load_tool(tool).main([*common, "--cfg-options", "optim_wrapper.type=AmpOptimWrapper"])
+
+
 def test_mim_train_runs_our_config(seg_root):
     """`mim train mmseg CONFIG` (openmim from tools/requirements.txt) runs mmseg's train.py on it."""
     work = str(seg_root / "mim")

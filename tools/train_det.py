@@ -8,11 +8,10 @@
 """
 import argparse
 
-import torch
 from mmengine.config import DictAction
 from mmengine.runner import Runner
 
-from srvit_backbones.mmdet.tools import check_amp, check_data, load_config
+from srvit_backbones.mmdet.tools import apply_amp, check_data, load_config
 
 
 def parse_args(argv=None):
@@ -34,15 +33,7 @@ def build_runner(argv=None) -> Runner:
     """The Runner ``main`` trains: the config with the command line applied, its data checked."""
     args = parse_args(argv)
     cfg = load_config(args)
-    if args.amp:
-        check_amp()
-        if cfg.optim_wrapper.type != "AmpOptimWrapper":
-            cfg.optim_wrapper.type = "AmpOptimWrapper"
-            cfg.optim_wrapper.loss_scale = "dynamic"
-    elif cfg.optim_wrapper.type == "AmpOptimWrapper" and not torch.cuda.is_available():
-        raise SystemExit("this config trains with mixed precision (optim_wrapper.type='AmpOptimWrapper': fp16 "
-                         "autocast and a GradScaler), which needs a CUDA GPU; to train in fp32 on the CPU add "
-                         "--cfg-options optim_wrapper.type=OptimWrapper")
+    apply_amp(cfg, args.amp)
     if args.auto_scale_lr:
         if "auto_scale_lr" not in cfg or "base_batch_size" not in cfg.auto_scale_lr:
             raise SystemExit("--auto-scale-lr needs auto_scale_lr=dict(base_batch_size=...) in the config")

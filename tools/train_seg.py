@@ -11,7 +11,7 @@ import argparse
 from mmengine.config import DictAction
 from mmengine.runner import Runner
 
-from srvit_backbones.mmseg.tools import check_amp, check_data, load_config
+from srvit_backbones.mmseg.tools import apply_amp, check_data, load_config
 
 
 def parse_args(argv=None):
@@ -32,11 +32,7 @@ def build_runner(argv=None) -> Runner:
     """The Runner ``main`` trains: the config with the command line applied, its data checked."""
     args = parse_args(argv)
     cfg = load_config(args)
-    if args.amp:
-        check_amp()
-        if cfg.optim_wrapper.type != "AmpOptimWrapper":
-            cfg.optim_wrapper.type = "AmpOptimWrapper"
-            cfg.optim_wrapper.loss_scale = "dynamic"
+    apply_amp(cfg, args.amp)
     cfg.resume = args.resume
     check_data(cfg, ("train_dataloader", "val_dataloader"))
     return Runner.from_cfg(cfg)

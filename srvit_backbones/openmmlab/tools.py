@@ -11,9 +11,20 @@ from mmengine.config import Config
 from ..config_files import resolve_config
 
 
-def check_amp():
-    if not torch.cuda.is_available():
-        raise SystemExit("--amp needs a GPU (mmengine's AmpOptimWrapper); drop --amp to train on the CPU")
+def apply_amp(cfg: Config, requested: bool) -> None:
+    """``--amp``: train with mmengine's ``AmpOptimWrapper`` (fp16 autocast and a dynamic loss
+    scale). It needs CUDA, so ``--amp`` on a machine without a GPU is refused, and so is a
+    config that trains with it already, each naming the fix."""
+    uses_amp = requested or cfg.optim_wrapper.type == "AmpOptimWrapper"
+    if uses_amp and not torch.cuda.is_available():
+        if requested:
+            raise SystemExit("--amp needs a GPU (mmengine's AmpOptimWrapper); drop --amp to train on the CPU")
+        raise SystemExit("this config trains with mixed precision (optim_wrapper.type='AmpOptimWrapper': fp16 "
+                         "autocast and a GradScaler), which needs a CUDA GPU; to train in fp32 on the CPU add "
+                         "--cfg-options optim_wrapper.type=OptimWrapper")
+    if requested and cfg.optim_wrapper.type != "AmpOptimWrapper":
+        cfg.optim_wrapper.type = "AmpOptimWrapper"
+        cfg.optim_wrapper.loss_scale = "dynamic"
 
 
 def load_config(args, framework: str) -> Config:
