@@ -132,6 +132,11 @@ def build_schedule(plan: Plan, drop_path_rate: float, window_size: int,
     ``global_attn_indexes`` (all global when ``window_size`` is 0)."""
     plan = tuple((k, t) for k, t in plan)
     depth = sum(k * t for k, t in plan)
+    wrong = [i for i in global_attn_indexes or () if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < depth]
+    if wrong:
+        raise ValueError(f"global_attn_indexes {wrong} out of range: this model applies its blocks {depth} times, "
+                         f"numbered 0..{depth - 1} (step-major within each unit); pass indices in that range, or "
+                         f"None for the default (default_global_attn_indexes)")
     rates = torch.linspace(0, drop_path_rate, depth).tolist()
     stay_global = set(range(depth)) if not window_size else set(global_attn_indexes or ())
     applications = []

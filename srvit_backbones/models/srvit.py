@@ -217,7 +217,6 @@ class SRViT(nn.Module):
             raise ValueError(f"step_features=True takes features at recursion steps, but a unit with "
                              f"aggregation={aggregation!r} mixes its steps: use aggregation='last' (bViT), or "
                              f"step_features=False to take the units' mixed outputs")
-        depth = sum(k * t for k, t in plan)
         class_token = carries_class_token(window_size, use_rel_pos)
         if not class_token and distilled:
             raise ValueError(f"distilled=True needs the class and distillation tokens, but {NO_CLASS_TOKEN}: use "
@@ -227,12 +226,6 @@ class SRViT(nn.Module):
         self.default_global_attn = global_attn_indexes is None
         global_attn_indexes = default_global_attn_indexes(layout, num_steps, ordinary_blocks, step_features) \
             if global_attn_indexes is None else list(global_attn_indexes)
-        wrong = [i for i in global_attn_indexes if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < depth]
-        if wrong:
-            raise ValueError(f"global_attn_indexes {wrong} out of range: this model applies its blocks "
-                             f"{depth} times, numbered 0..{depth - 1} (step-major within "
-                             f"each unit); pass indices in that range, or None for the default "
-                             f"{default_global_attn_indexes(layout, num_steps, ordinary_blocks, step_features)}")
 
         self.num_classes = num_classes
         self.global_pool = global_pool
