@@ -98,7 +98,7 @@ def main(argv=None):
     paths = find_images(args.input)[:args.max_images]
     results = fidelity(model, [load_batch(p, args.size) for p in paths], args.ratios)
     print(f"{args.model} from {args.checkpoint}, {len(paths)} images at {args.size}x{args.size}")
-    print(f"| ratio | feature | cosine (mean) | cosine (worst image) | relative L2 |\n|---|---|---|---|---|")
+    print("| ratio | feature | cosine (mean) | cosine (worst image) | relative L2 |\n|---|---|---|---|---|")
     for ratio, feats in results.items():
         for key, r in feats.items():
             print(f"| {ratio} | {key} | {r['cosine']:.4f} | {r['cosine_min']:.4f} | {r['rel_l2']:.4f} |")

@@ -20,6 +20,7 @@ torch.fx.wrap("rel_pos_attention")
 torch.fx.wrap("window_qkv")
 torch.fx.wrap("merge_windows")
 
+
 class RelPosAttention(Attention):
     """timm's ViT ``Attention`` (same parameters and names) plus ViTDet's decomposed relative
     positions (``add_decomposed_rel_pos``), added to the logits by ``rel_pos_attention``.

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from timm.layers import drop_path, register_notrace_function
 from torch.utils.checkpoint import checkpoint
 
+from .attention import RelPosAttention, attend
 from .merge import BipartiteMerge
 from .rules import check_merge_ratio, check_merging_allowed, check_num_steps
-from .attention import RelPosAttention, attend
 
 AGGREGATIONS = ("soft", "hard", "last")
 

@@ -28,12 +28,12 @@ from timm.models._manipulate import named_apply
 from timm.models.vision_transformer import Block, get_init_weights_vit
 
 from ..layer_decay import layer_depth, layer_id
-from .schedule import (Schedule, build_schedule, default_global_attn_indexes, default_out_indices,
-                       quarter_indices, unit_plan)
-from .softmor import SoftMoRUnit
 from .attention import RelPosAttention
 from .rel_pos import is_rel_pos
 from .rules import NO_CLASS_TOKEN, carries_class_token, check_merging_allowed, check_num_steps
+from .schedule import (Schedule, build_schedule, default_global_attn_indexes, default_out_indices,
+                       quarter_indices, unit_plan)
+from .softmor import SoftMoRUnit
 
 ORGANISATIONS = ("coarse_to_fine", "fine_to_coarse", "coarse_grained", "fine_grained")
 WEIGHT_INITS = ("", "jax", "jax_nlhb", "moco")

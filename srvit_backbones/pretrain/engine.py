@@ -131,8 +131,8 @@ def precision(args) -> Optional[torch.dtype]:
         raise SystemExit(str(e))
 
 
-def autocast(args):
-    dtype = precision(args)
+def autocast(args, dtype: Optional[torch.dtype]):
+    """``--amp``'s autocast region, for the dtype ``precision`` resolved once per loop."""
     return amp.autocast(args.device, dtype is not None, dtype)
 
 
@@ -144,13 +144,14 @@ def train_one_epoch(epoch, model, loader, optimizer, criterion, scheduler, args,
     total_iters = n_iters * args.epochs
     start = time.time()
     seen, nonfinite, last_check = 0, None, -1
+    dtype = precision(args)
     for i, (images, targets) in enumerate(loader):
         if i >= n_iters:
             break
         images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
         if mixup_fn is not None:
             images, targets = mixup_fn(images, targets)
-        with autocast(args):
+        with autocast(args, dtype):
             outputs = model(images)
             loss = criterion(images, outputs, targets) if distill else criterion(outputs, targets)
         # on the device, no sync: read at the logging period
@@ -168,12 +169,13 @@ def train_one_epoch(epoch, model, loader, optimizer, criterion, scheduler, args,
         state["global_iter"] += 1
         scheduler.step_update(num_updates=state["global_iter"])
         seen += images.shape[0]
-        if (i + 1) % args.log_interval == 0 or i + 1 == n_iters:
-            if nonfinite.item():
-                raise FloatingPointError(f"the loss was not finite in iterations {last_check + 1}..{i} of epoch {epoch} "
-                                         f"(now {loss.item()}); lower --lr or use --amp bf16 / --clip-grad")
-            nonfinite, last_check = None, i
-        if is_main() and ((i + 1) % args.log_interval == 0 or i + 1 == n_iters):
+        if (i + 1) % args.log_interval != 0 and i + 1 != n_iters:
+            continue
+        if nonfinite.item():  # the logging period: the one sync
+            raise FloatingPointError(f"the loss was not finite in iterations {last_check + 1}..{i} of epoch {epoch} "
+                                     f"(now {loss.item()}); lower --lr or use --amp bf16 / --clip-grad")
+        nonfinite, last_check = None, i
+        if is_main():
             elapsed = time.time() - start
             world = dist.get_world_size() if dist.is_initialized() else 1
             remaining = (total_iters - state["global_iter"]) * elapsed / (i + 1)
@@ -188,11 +190,12 @@ def evaluate(model, loader, args, max_iters: Optional[int] = None):
     model.eval()
     device = torch.device(args.device)
     correct1 = correct5 = total = 0.0
+    dtype = precision(args)
     for i, (images, targets) in enumerate(loader):
         if max_iters and i >= max_iters:
             break
         images, targets = images.to(device), targets.to(device)
-        with autocast(args):
+        with autocast(args, dtype):
             output = model(images)
         k = min(5, output.shape[1])
         acc1, acc5 = accuracy(output.float(), targets, topk=(1, k))
