@@ -36,7 +36,8 @@ class BipartiteMerge:
         self.num_a = (num_patches + 1) // 2
         self.r = min(int(ratio * num_patches), self.num_a)
         with torch.no_grad():
-            metric = metric[:, num_prefix_tokens:].float()
+            metric = metric[:, num_prefix_tokens:]
+            metric = metric.to(torch.promote_types(metric.dtype, torch.float32))
             metric = metric / metric.norm(dim=-1, keepdim=True).clamp_min(1e-6)
             scores = metric[:, 0::2] @ metric[:, 1::2].transpose(1, 2)  # (B, |A|, |B|)
             best, best_b = scores.max(dim=-1)

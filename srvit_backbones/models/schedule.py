@@ -11,7 +11,6 @@ import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-import torch
 
 #: (blocks K, steps T) of every unit
 Plan = Sequence[Tuple[int, int]]
@@ -137,7 +136,8 @@ def build_schedule(plan: Plan, drop_path_rate: float, window_size: int,
         raise ValueError(f"global_attn_indexes {wrong} out of range: this model applies its blocks {depth} times, "
                          f"numbered 0..{depth - 1} (step-major within each unit); pass indices in that range, or "
                          f"None for the default (default_global_attn_indexes)")
-    rates = torch.linspace(0, drop_path_rate, depth).tolist()
+    # Python floats: torch.linspace rounds to float32 differently on differently vectorised CPUs
+    rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
     stay_global = set(range(depth)) if not window_size else set(global_attn_indexes or ())
     applications = []
     for unit, (k, t) in enumerate(plan):

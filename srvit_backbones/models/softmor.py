@@ -38,12 +38,14 @@ def apply_block(block: nn.Module, x: torch.Tensor, drop_prob: float, training: b
 @torch.fx.wrap
 @register_notrace_function
 def router_softmax(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """softmax(x W^T + b) over the last dimension in float32, also under autocast. A leaf for
-    FX: ``torch.autocast`` needs the device type as a string, which a traced tensor does not give."""
+    """softmax(x W^T + b) over the last dimension in float32 (float64 for a float64 model), also
+    under autocast. A leaf for FX: ``torch.autocast`` needs the device type as a string, which a
+    traced tensor does not give."""
+    dtype = torch.promote_types(x.dtype, torch.float32)
     if torch.jit.is_scripting():  # TorchScript has no autocast region to leave
-        return F.linear(x.float(), weight.float(), bias.float()).softmax(dim=-1)
+        return F.linear(x.to(dtype), weight.to(dtype), bias.to(dtype)).softmax(dim=-1)
     with torch.autocast(device_type=x.device.type, enabled=False):
-        return F.linear(x.float(), weight.float(), bias.float()).softmax(dim=-1)
+        return F.linear(x.to(dtype), weight.to(dtype), bias.to(dtype)).softmax(dim=-1)
 
 
 class SoftMoRUnit(nn.Module):
@@ -214,7 +216,7 @@ class SoftMoRUnit(nn.Module):
         return h
 
     def router_weights(self, x: torch.Tensor) -> torch.Tensor:
-        """Mixture weights (B, N, T), softmax over steps, in float32 even under autocast."""
+        """Mixture weights (B, N, T), softmax over steps, in float32 (or float64) even under autocast."""
         return router_softmax(x, self.router.weight, self.router.bias)
 
     def forward(self, x: torch.Tensor, return_weights: bool = False, grid: Optional[Tuple[int, int]] = None):
