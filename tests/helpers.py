@@ -62,6 +62,79 @@ def trained_mmseg(tmp_path_factory):
     return root
 
 
+def lr_and_decay(model, optim_wrapper):
+    """{parameter name: (lr, weight decay)} of the optimizer that mmengine's ``build_optim_wrapper``
+    (what the Runner calls) builds for ``model`` from the config's ``optim_wrapper``."""
+    import copy
+
+    from mmengine.optim import build_optim_wrapper
+
+    wrapper = build_optim_wrapper(model, copy.deepcopy(optim_wrapper))
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)]: (g["lr"], g["weight_decay"]) for g in wrapper.optimizer.param_groups for p in g["params"]}
+
+
+def assert_layer_decay_constructor_honours_paramwise_cfg(model, optim_wrapper):
+    """SRViTLayerDecayOptimizerConstructor as an mmengine user configures it (``optim_wrapper``: a
+    shipped config's, with lr and weight decay): mmengine's rules give each parameter its lr and
+    decay multipliers, the layer-decay factor multiplies the lr; no paramwise_cfg still means
+    layer decay and the no-decay set; mmdet ViTDet's names are aliases; unknown or contradictory
+    keys are errors naming the key."""
+    import pytest
+    from mmengine.optim import DefaultOptimWrapperConstructor
+    from mmengine.utils.dl_utils.parrots_wrapper import _BatchNorm
+
+    from srvit_backbones.layer_decay import lr_decay_factor
+
+    def built(**paramwise_cfg):
+        return lr_and_decay(model, dict(optim_wrapper, paramwise_cfg=paramwise_cfg))
+
+    lr, wd = optim_wrapper["optimizer"]["lr"], optim_wrapper["optimizer"]["weight_decay"]
+    sizes = model.backbone.layer_decay_unit_sizes
+    plain = built(layer_decay_rate=0.7)
+    for name, (got_lr, _) in plain.items():
+        assert got_lr == pytest.approx(lr * lr_decay_factor(name, 0.7, sizes, "backbone.srvit.")), name
+
+    # a custom_keys entry changes exactly the parameters it names, by mmengine's rule: lr_mult
+    # (times the layer factor) and decay_mult in place of the other decay rules
+    custom = built(layer_decay_rate=0.7, custom_keys={".router.": dict(lr_mult=0.1, decay_mult=0.5)})
+    routers = [n for n in plain if ".router." in n]
+    assert routers and [n for n in plain if custom[n] != plain[n]] == routers
+    for name in routers:
+        assert custom[name] == pytest.approx((plain[name][0] * 0.1, wd * 0.5)), name
+    # another of mmengine's rules: bias_lr_mult, biases outside norm layers
+    norm_types = (_BatchNorm, torch.nn.GroupNorm, torch.nn.LayerNorm, torch.nn.modules.instancenorm._InstanceNorm)
+    biases = [n for n in plain if n.endswith(".bias")
+              and not isinstance(model.get_submodule(n.rsplit(".", 1)[0]), norm_types)]
+    doubled = built(layer_decay_rate=0.7, bias_lr_mult=2.0)
+    assert biases and [n for n in plain if doubled[n] != plain[n]] == biases
+    assert all(doubled[n] == pytest.approx((2 * plain[n][0], plain[n][1])) for n in biases)
+
+    # without paramwise_cfg (mmengine then skips add_params): the same layer decay and no-decay set
+    assert lr_and_decay(model, {k: v for k, v in optim_wrapper.items() if k != "paramwise_cfg"}) == plain
+    assert plain["backbone.srvit.pos_embed"][1] == 0.0
+    assert plain["backbone.srvit.units.1.blocks.0.attn.qkv.weight"][1] == wd > 0
+    # mmdet ViTDet's names for the same thing
+    assert built(decay_rate=0.7, decay_type="layer_wise", num_layers=sum(sizes)) == plain
+    # and mmengine's own constructor, for the parameters layer decay leaves at factor 1
+    mmengine = DefaultOptimWrapperConstructor({k: v for k, v in optim_wrapper.items()
+                                               if k not in ("constructor", "paramwise_cfg")},
+                                              dict(norm_decay_mult=0.0, bias_decay_mult=0.0))(model)
+    names = {id(p): n for n, p in model.named_parameters()}
+    heads = {names[id(p)]: (g["lr"], g["weight_decay"]) for g in mmengine.optimizer.param_groups
+             for p in g["params"] if not names[id(p)].startswith("backbone.")}
+    assert heads and all(plain[n] == v for n, v in heads.items())
+
+    for cfg, message in [
+            (dict(layer_decay=0.7), r"paramwise_cfg keys \['layer_decay'\] are not read"),
+            (dict(no_decay_norm_bias=True), r"keys \['no_decay_norm_bias'\] are not read.*weight_decay_convention"),
+            (dict(layer_decay_rate=0.7, decay_rate=0.7), "both layer_decay_rate and decay_rate"),
+            (dict(decay_type="stage_wise"), "decay_type='stage_wise'.*remove decay_type"),
+            (dict(num_layers=12 if sum(sizes) != 12 else 11), rf"unique blocks: {sum(sizes)} here"),
+            (dict(norm_decay_mult=0.5), "norm_decay_mult=0.5 contradicts weight_decay_convention='norms_and_biases'"),
+            (dict(weight_decay_convention="all"), r"weight_decay_convention='all' is not one of \['norms', ")]:
+        with pytest.raises(ValueError, match=message):
+            built(**cfg)
 
 
 def load_tool(name: str):

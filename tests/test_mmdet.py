@@ -35,7 +35,8 @@ from srvit_backbones.detectron2 import SRViTBackbone as D2Backbone, SRViTCheckpo
 from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.rel_pos import is_rel_pos
 from srvit_backbones.openmmlab.hooks import Fp16CompressionHook
-from helpers import assert_mmengine_resume_restores, load_tool, randomize_routers, run, trained_detectron2
+from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg, assert_mmengine_resume_restores,
+                     load_tool, randomize_routers, run, trained_detectron2)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, "mmdet_configs")
@@ -321,6 +322,11 @@ def test_layer_decay_and_weight_decay_follow_detectron2s_rule():
     assert all(decay[n] == 0.0 for n in scale if n.endswith(".bias") or ".norm" in n)
     assert decay["backbone.srvit.units.1.blocks.0.attn.qkv.weight"] == 0.1
     assert decay["roi_head.bbox_head.shared_fcs.0.weight"] == 0.1
+
+
+def test_layer_decay_constructor_honours_mmengines_paramwise_cfg():
+    cfg = Config.fromfile(QUICKSTART)
+    assert_layer_decay_constructor_honours_paramwise_cfg(MODELS.build(cfg.model), cfg.optim_wrapper)
 
 
 # ----------------------------------------------------------------------------- checkpoints

@@ -20,7 +20,7 @@ import srvit_backbones
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import CheckpointError, create_srvit
 from srvit_backbones.layer_decay import lr_decay_factor
-from helpers import assert_mmengine_resume_restores, load_tool
+from helpers import assert_layer_decay_constructor_honours_paramwise_cfg, assert_mmengine_resume_restores, load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "mmseg_configs")
@@ -201,6 +201,11 @@ def test_no_decay_names_come_from_the_core():
     assert "dist_token" in model.backbone.srvit.no_weight_decay() and named["backbone.srvit.dist_token"].ndim == 3
     assert wd_of[id(named["backbone.srvit.dist_token"])] == 0.0
     assert wd_of[id(named["backbone.srvit.patch_embed.proj.weight"])] == cfg.optim_wrapper.optimizer.weight_decay
+
+
+def test_layer_decay_constructor_honours_mmengines_paramwise_cfg():
+    cfg, model = build("quickstart/upernet_srvit_tiny_cpu.py")
+    assert_layer_decay_constructor_honours_paramwise_cfg(model, cfg.optim_wrapper)
 
 
 # ----------------------------------------------------------------------------- end to end

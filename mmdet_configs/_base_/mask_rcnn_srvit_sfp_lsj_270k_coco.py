@@ -76,7 +76,7 @@ optim_wrapper = dict(
     type='AmpOptimWrapper',
     constructor='SRViTLayerDecayOptimizerConstructor',
     # as mmdet's ViTDet: no weight decay on norms, biases and the core's no_weight_decay() names
-    paramwise_cfg=dict(layer_decay_rate=0.7, no_decay_norm_bias=True),
+    paramwise_cfg=dict(layer_decay_rate=0.7, weight_decay_convention='norms_and_biases'),
     optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.1))
 
 max_iters = 270000

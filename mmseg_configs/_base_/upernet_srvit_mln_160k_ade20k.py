@@ -72,7 +72,7 @@ optim_wrapper = dict(
     type='OptimWrapper',
     constructor='SRViTLayerDecayOptimizerConstructor',
     optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
-    paramwise_cfg=dict(layer_decay_rate=1.0, no_decay_norm_bias=True))
+    paramwise_cfg=dict(layer_decay_rate=1.0, weight_decay_convention='norms_and_biases'))
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=1500),
     dict(type='PolyLR', eta_min=0.0, power=1.0, begin=1500, end=160000, by_epoch=False),

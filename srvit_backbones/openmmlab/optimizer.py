@@ -7,43 +7,115 @@ the same factor. ``srvit_backbones.mmseg`` and ``srvit_backbones.mmdet`` registe
 
     optim_wrapper = dict(type='OptimWrapper', constructor='SRViTLayerDecayOptimizerConstructor',
                          optimizer=dict(type='AdamW', lr=6e-5, weight_decay=0.01),
-                         paramwise_cfg=dict(layer_decay_rate=0.9))
+                         paramwise_cfg=dict(layer_decay_rate=0.9, weight_decay_convention='norms'))
 """
-from typing import List
+from typing import List, Optional
 
 import torch.nn as nn
 from mmengine.logging import MMLogger
 from mmengine.optim import DefaultOptimWrapperConstructor
 
+from ..layer_decay import weight_decay_exemptions
+
+# mmengine's own paramwise_cfg keys, honoured as DefaultOptimWrapperConstructor honours them
+MMENGINE_KEYS = ("custom_keys", "bias_lr_mult", "bias_decay_mult", "norm_decay_mult", "dwconv_decay_mult",
+                 "flat_decay_mult", "dcn_offset_lr_mult", "bypass_duplicate")
+# ours, then the names mmdet's ViTDet LayerDecayOptimizerConstructor reads
+OWN_KEYS = ("layer_decay_rate", "weight_decay_convention")
+VITDET_KEYS = ("decay_rate", "decay_type", "num_layers")
+DEFAULT_LAYER_DECAY_RATE = 0.7  # ViTDet's, and detectron2's srvit_optimizer_params'
+DEFAULT_CONVENTION = "norms_and_biases"  # mmdet's ViTDet constructor's: every 1-D parameter and bias
+# a convention's exempt kinds (layer_decay.WEIGHT_DECAY_CONVENTIONS) in mmengine's terms
+_DECAY_MULT_OF_KIND = {"norm": "norm_decay_mult", "bias": "bias_decay_mult"}
+
 
 class SRViTLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
-    """``paramwise_cfg``: ``layer_decay_rate`` (1.0 = none) and ``no_decay_norm_bias``
-    (default True: biases, norms and the core's ``no_weight_decay()`` embeddings/tokens get
-    no weight decay)."""
+    """mmengine's ``DefaultOptimWrapperConstructor``, whose ``paramwise_cfg`` rules
+    (``custom_keys``, ``norm_decay_mult``, ``bias_decay_mult``, ...) give each parameter its lr
+    and weight decay, with the lr then multiplied by the parameter's layer-decay factor.
 
-    def add_params(self, params: List[dict], module: nn.Module, **kwargs) -> None:
-        decay_rate = float(self.paramwise_cfg.get("layer_decay_rate", 1.0))
-        no_decay_1d = bool(self.paramwise_cfg.get("no_decay_norm_bias", True))
+    ``paramwise_cfg`` (optional: without it the defaults apply, layer decay included):
+        layer_decay_rate: factor per layer id (default 0.7; 1.0 = none). mmdet ViTDet's
+            ``decay_rate`` is the same and accepted instead, with ``decay_type='layer_wise'``
+            and ``num_layers`` equal to the backbone's unique blocks (the ids it has).
+        weight_decay_convention: which norms and biases take no weight decay
+            (``srvit_backbones.layer_decay.WEIGHT_DECAY_CONVENTIONS``; default
+            ``'norms_and_biases'``, mmdet's ViTDet), set as mmengine's ``norm_decay_mult`` /
+            ``bias_decay_mult`` = 0. The backbone's ``no_weight_decay()`` parameters take none
+            either, unless a ``custom_keys`` entry names them (custom keys override the other
+            rules, as in mmengine).
+        and mmengine's keys. Any other key is an error.
+    """
+
+    def __init__(self, optim_wrapper_cfg: dict, paramwise_cfg: Optional[dict] = None):
+        cfg = dict(paramwise_cfg or {})
+        unknown = [k for k in cfg if k not in MMENGINE_KEYS + OWN_KEYS + VITDET_KEYS]
+        if unknown:
+            raise ValueError(f"paramwise_cfg keys {unknown} are not read by SRViTLayerDecayOptimizerConstructor: it "
+                             f"reads {list(OWN_KEYS)}, mmdet ViTDet's {list(VITDET_KEYS)} and mmengine's "
+                             f"{list(MMENGINE_KEYS)}")
+        if "decay_rate" in cfg:
+            if "layer_decay_rate" in cfg:
+                raise ValueError("paramwise_cfg gives both layer_decay_rate and decay_rate (mmdet ViTDet's name for "
+                                 "it): keep one")
+            cfg["layer_decay_rate"] = cfg.pop("decay_rate")
+        decay_type = cfg.pop("decay_type", "layer_wise")
+        if decay_type != "layer_wise":
+            raise ValueError(f"paramwise_cfg decay_type={decay_type!r}: SR-ViT's layer ids are per unique block, "
+                             f"mmdet's 'layer_wise'; there is no stage-wise rule: remove decay_type")
+        self.num_layers = cfg.pop("num_layers", None)
+        self.layer_decay_rate = float(cfg.setdefault("layer_decay_rate", DEFAULT_LAYER_DECAY_RATE))
+        convention = cfg.setdefault("weight_decay_convention", DEFAULT_CONVENTION)
+        if optim_wrapper_cfg.get("optimizer", {}).get("weight_decay") is not None:
+            for kind in weight_decay_exemptions(convention):
+                key = _DECAY_MULT_OF_KIND[kind]
+                if cfg.setdefault(key, 0.0) != 0.0:
+                    raise ValueError(f"paramwise_cfg {key}={cfg[key]} contradicts weight_decay_convention="
+                                     f"{convention!r}, which gives {kind}s no weight decay: remove {key} or choose "
+                                     f"another convention")
+        else:
+            weight_decay_exemptions(convention)  # a name that is not a convention is an error all the same
+        # Our keys stay in paramwise_cfg (mmengine ignores them): mmengine calls add_params only
+        # for a non-empty paramwise_cfg, and layer decay applies without one as well.
+        super().__init__(optim_wrapper_cfg, cfg)
+
+    def add_params(self, params: List[dict], module: nn.Module, prefix: str = "", **kwargs) -> None:
+        if prefix:  # mmengine's recursion into a child module: its own rules
+            return super().add_params(params, module, prefix=prefix, **kwargs)
         backbone = getattr(module, "backbone", None)
         if backbone is None or not hasattr(backbone, "get_layer_depth"):
             raise TypeError("SRViTLayerDecayOptimizerConstructor needs model.backbone with get_layer_depth() "
                             f"(an SRViT backbone); got {type(backbone).__name__}")
-        no_decay_names = {"backbone." + name for name in backbone.no_weight_decay()}
-        groups = {}
-        for name, param in module.named_parameters():
-            if not param.requires_grad:
-                continue
-            no_decay = no_decay_1d and (param.ndim == 1 or name.endswith(".bias") or name in no_decay_names)
+        num_blocks = sum(backbone.layer_decay_unit_sizes)
+        if self.num_layers is not None and self.num_layers != num_blocks:
+            raise ValueError(f"paramwise_cfg num_layers={self.num_layers}, but SR-ViT's layer ids count the "
+                             f"backbone's unique blocks: {num_blocks} here; remove num_layers")
+        if self.base_lr is None and self.layer_decay_rate != 1.0:
+            raise ValueError("layer decay needs the optimizer's lr: set optim_wrapper.optimizer.lr")
+        groups: List[dict] = []
+        super().add_params(groups, module, **kwargs)  # one group per parameter, by mmengine's rules
+        names = {id(p): n for n, p in module.named_parameters()}
+        no_decay = {"backbone." + n for n in backbone.no_weight_decay()}
+        custom_keys = self.paramwise_cfg.get("custom_keys", {})
+        merged = {}
+        for group in groups:
+            name = names[id(group["params"][0])]
             # parameters outside the backbone (neck, heads) get the last id: factor 1
             layer_id, num_ids = backbone.get_layer_depth(name, prefix="backbone.")
-            scale = decay_rate ** (num_ids - 1 - layer_id)
-            key = (layer_id, no_decay)
-            if key not in groups:
-                groups[key] = dict(params=[], param_names=[], lr=self.base_lr * scale, lr_scale=scale,
-                                   weight_decay=0.0 if no_decay else self.base_wd, layer_id=layer_id)
-            groups[key]["params"].append(param)
-            groups[key]["param_names"].append(name)
-        params.extend(groups[k] for k in sorted(groups))
+            scale = self.layer_decay_rate ** (num_ids - 1 - layer_id)
+            if scale != 1.0:
+                group["lr"] = group.get("lr", self.base_lr) * scale
+            group["lr_scale"] = scale
+            # mmengine matches custom keys against the dotted name ('.name' at the top level)
+            custom = any(key in (name if "." in name else "." + name) for key in custom_keys)
+            if name in no_decay and self.base_wd is not None and not custom:
+                group["weight_decay"] = 0.0
+            key = repr(sorted((k, v) for k, v in group.items() if k != "params"))
+            if key not in merged:
+                merged[key] = dict(group, params=[], param_names=[])
+            merged[key]["params"] += group["params"]
+            merged[key]["param_names"].append(name)
+        params.extend(merged.values())
         MMLogger.get_current_instance().info(
-            "SR-ViT layer decay %.3f: %d groups over %d layer ids", decay_rate, len(groups),
-            len({k[0] for k in groups}))
+            "SR-ViT layer decay %.3f, weight-decay convention %r: %d parameter groups", self.layer_decay_rate,
+            self.paramwise_cfg["weight_decay_convention"], len(merged))
