@@ -15,7 +15,7 @@ heads and necks at 2 (1.0). A block that serves every depth cannot take one dept
 so it gets the single "block" id; the embeddings, which only the first step reads, are the
 deepest-decayed, as in a ViT.
 
-Both the Detectron2 (``lr_factor_func``) and MMSegmentation (optimizer constructor) paths
+The Detectron2 (``lr_factor_func``) and MMDetection / MMSegmentation (optimizer constructor) paths
 call ``layer_id`` / ``lr_decay_factor``; names are given relative to the core ``SRViT``
 after removing ``prefix`` (e.g. ``backbone.net.srvit.``).
 
@@ -26,8 +26,12 @@ decays its rel-pos tables, ours start at zero from an ImageNet checkpoint and st
 Every other backbone parameter is a LayerNorm's or a Linear / Conv2d layer's weight or bias
 (the routers and step transforms are Linear layers like the blocks' and follow the same rule):
 weights take weight decay; whether norms and the other biases do is the convention of the
-recipe a config reproduces, which every config names (``WEIGHT_DECAY_CONVENTIONS``). A
-convention applies to the whole model, heads included, as in the recipe it comes from.
+recipe a config reproduces, which every config names (``WEIGHT_DECAY_CONVENTIONS``):
+``detectron2_configs/`` detectron2 ViTDet's ``'norms'``, ``mmdet_configs/`` mmdet ViTDet's
+``'norms_and_biases'``, ``mmseg_configs/`` mmseg ViT UPerNet's ``'norms'``. A convention applies to
+the whole model, heads included, as in the recipe it comes from; each adapter sets it as its
+framework's own options (detectron2's ``weight_decay_norm`` / ``weight_decay_bias``, mmengine's
+``norm_decay_mult`` / ``bias_decay_mult``).
 """
 import re
 from typing import Sequence, Tuple

@@ -144,6 +144,27 @@ def test_layer_decay_follows_the_built_backbone(override, unit_sizes):
     assert checked == {"pos_embed", "cls_token"} | ({"dist_token"} if built.distilled else set())
 
 
+def test_weight_decay_convention_is_set_as_detectron2s_knobs():
+    """The config names detectron2 ViTDet's convention ('norms': weight_decay_norm=0, biases
+    decayed); 'norms_and_biases' adds weight_decay_bias=0; a knob that contradicts the
+    convention, or a convention that does not exist, is an error naming it."""
+    cfg = tiny(S_T3)
+    assert cfg.optimizer.params.weight_decay_convention == "norms" and "weight_decay_norm" not in cfg.optimizer.params
+    model = instantiate(cfg.model)
+    named = dict(model.named_parameters())
+    for convention, bias_decay in (("norms", 0.1), ("norms_and_biases", 0.0)):
+        groups = srvit_optimizer_params(model, base_lr=1e-4, weight_decay=0.1, weight_decay_convention=convention)
+        wd_of = {id(p): g["weight_decay"] for g in groups for p in g["params"]}
+        assert wd_of[id(named[PREFIX + "units.1.blocks.0.norm1.weight"])] == 0.0
+        assert wd_of[id(named[PREFIX + "units.1.router.bias"])] == bias_decay
+        assert wd_of[id(named["roi_heads.box_predictor.cls_score.bias"])] == bias_decay
+        assert wd_of[id(named[PREFIX + "units.1.router.weight"])] == 0.1
+    with pytest.raises(ValueError, match="weight_decay_norm=0.05 contradicts weight_decay_convention='norms'"):
+        srvit_optimizer_params(model, base_lr=1e-4, weight_decay_norm=0.05)
+    with pytest.raises(ValueError, match=r"weight_decay_convention='vitdet' is not one of \['norms', "):
+        srvit_optimizer_params(model, base_lr=1e-4, weight_decay_convention="vitdet")
+
+
 def synthetic_batch(size=64):
     """Two images with two instances each (boxes, classes and masks), as the mapper yields them."""
     g = torch.Generator().manual_seed(0)

@@ -182,14 +182,16 @@ def test_layer_decay_matches_the_detectron2_rule():
         d2_name = "backbone.net.srvit." + core_name if core_name else "roi_heads.x"
         assert expected == pytest.approx(lr_decay_factor(d2_name, 0.7, sizes, "backbone.net.srvit."))
         assert scale_of[id(p)] == pytest.approx(expected), name
-    # no weight decay: the core's no_weight_decay() names, norms and biases
+    # no weight decay on the core's no_weight_decay() names and norms (mmseg's ViT UPerNet
+    # convention, 'norms'); biases take it
+    assert cfg.optim_wrapper.paramwise_cfg.weight_decay_convention == "norms"
     no_decay = {"backbone.srvit." + n for n in model.backbone.srvit.no_weight_decay()} & set(named)
     assert no_decay == {"backbone.srvit.pos_embed", "backbone.srvit.cls_token"}
     assert all(wd_of[id(named[n])] == 0.0 for n in no_decay)
     assert wd_of[id(named["backbone.srvit.units.1.blocks.0.attn.qkv.weight"])] == 0.01
     assert wd_of[id(named["backbone.srvit.units.1.router.weight"])] == 0.01
     assert wd_of[id(named["backbone.srvit.units.1.blocks.0.norm1.weight"])] == 0.0
-    assert wd_of[id(named["backbone.srvit.units.1.blocks.0.attn.qkv.bias"])] == 0.0
+    assert wd_of[id(named["backbone.srvit.units.1.blocks.0.attn.qkv.bias"])] == 0.01
 
 
 def test_no_decay_names_come_from_the_core():

@@ -3,7 +3,8 @@ recipe (SPEC section 4). Variant files change only the backbone and the checkpoi
 
 - LSJ, 1024x1024 crops, total batch 16, 3x schedule = 270k iterations
 - AdamW lr 1e-4, cosine decay, 1000-iteration linear warmup
-- layer-wise lr decay 0.7 by the shared-block rule (srvit_backbones.layer_decay)
+- layer-wise lr decay 0.7 by the shared-block rule (srvit_backbones.layer_decay); weight
+  decay 0.1, none on norms and positions (detectron2's ViTDet convention)
 - mixed precision; the backbone's position embedding is a full 64x64 table at 1024 input,
   resized from the 14x14 pretraining table when the checkpoint loads.
 """
@@ -51,6 +52,8 @@ lr_multiplier = L(WarmupParamScheduler)(
 optimizer = model_zoo.get_config("common/optim.py").AdamW
 optimizer.lr = 1e-4
 # Layer decay by the unit sizes of the backbone as built (variant, layout, num_steps
-# overrides followed); no weight decay on the core's no_weight_decay() names.
+# overrides followed). Weight decay as detectron2's ViTDet: none on norms (weight_decay_norm=0)
+# nor on the core's no_weight_decay() names (position table, tokens, rel-pos tables); biases
+# take it (srvit_backbones/layer_decay.py, WEIGHT_DECAY_CONVENTIONS).
 # tools/train_net.py sets optimizer.params.model, as detectron2's lazyconfig_train_net does.
-optimizer.params = L(srvit_optimizer_params)(base_lr="${..lr}", weight_decay_norm=0.0, lr_decay=0.7)
+optimizer.params = L(srvit_optimizer_params)(base_lr="${..lr}", lr_decay=0.7, weight_decay_convention="norms")

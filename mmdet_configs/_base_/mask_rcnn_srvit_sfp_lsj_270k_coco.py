@@ -3,8 +3,9 @@
 # lacks; srvit_backbones.mmdet registers the backbone, pyramid, optimizer constructor and hook):
 # - LSJ: 1024x1024 crops of images resized by 0.1-2.0, padded to 1024
 # - RPN with 2 convs, 4conv1fc box head and mask head with LayerNorm (ViTDet's "LN")
-# - AdamW lr 1e-4, weight decay 0.1, layer-wise lr decay 0.7 by the shared-block rule
-#   (srvit_backbones/layer_decay.py, the one detectron2 uses), mixed precision
+# - AdamW lr 1e-4, weight decay 0.1 (none on norms, biases and positions: mmdet ViTDet's
+#   convention), layer-wise lr decay 0.7 by the shared-block rule (srvit_backbones/layer_decay.py,
+#   the one detectron2 uses), mixed precision
 # - 270k iterations at batch 2 per GPU x 8 GPUs = 16, 1000-iteration linear warmup, cosine to 0
 # Variant configs change only the backbone (and the pyramid's input width) and the checkpoint.
 _base_ = [
@@ -75,7 +76,8 @@ test_dataloader = val_dataloader
 optim_wrapper = dict(
     type='AmpOptimWrapper',
     constructor='SRViTLayerDecayOptimizerConstructor',
-    # as mmdet's ViTDet: no weight decay on norms, biases and the core's no_weight_decay() names
+    # weight decay as mmdet's ViTDet constructor: none on 1-D parameters (norms), biases, nor the
+    # core's no_weight_decay() names (position table, tokens, rel-pos tables)
     paramwise_cfg=dict(layer_decay_rate=0.7, weight_decay_convention='norms_and_biases'),
     optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.1))
 

@@ -66,13 +66,15 @@ model = dict(
     test_cfg=dict(mode='whole'))
 
 # AdamW with the shared-block layer-wise lr decay constructor. The paper does not decay
-# the lr per layer on ADE20K (layer_decay_rate=1.0); set e.g. 0.9 to enable it.
+# the lr per layer on ADE20K (layer_decay_rate=1.0); set e.g. 0.9 to enable it. Weight decay as
+# mmseg's ViT UPerNet configs (custom_keys norm / pos_embed / cls_token: decay_mult=0): none on
+# norms nor on the core's positions and tokens; biases take it (srvit_backbones/layer_decay.py).
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
     constructor='SRViTLayerDecayOptimizerConstructor',
     optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
-    paramwise_cfg=dict(layer_decay_rate=1.0, weight_decay_convention='norms_and_biases'))
+    paramwise_cfg=dict(layer_decay_rate=1.0, weight_decay_convention='norms'))
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=1500),
     dict(type='PolyLR', eta_min=0.0, power=1.0, begin=1500, end=160000, by_epoch=False),

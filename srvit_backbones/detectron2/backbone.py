@@ -11,7 +11,7 @@ from detectron2.layers import ShapeSpec
 from detectron2.modeling import Backbone
 from detectron2.solver import get_default_optimizer_params
 
-from ..layer_decay import lr_decay_factor
+from ..layer_decay import lr_decay_factor, weight_decay_exemptions
 from ..models import create_srvit
 
 
@@ -87,19 +87,33 @@ def find_srvit_backbone(model):
     return found[0]
 
 
-def srvit_optimizer_params(model, lr_decay: float = 0.7, overrides=None, **kwargs):
+# a convention's exempt kinds (layer_decay.WEIGHT_DECAY_CONVENTIONS) in detectron2's terms
+_WEIGHT_DECAY_KNOB_OF_KIND = {"norm": "weight_decay_norm", "bias": "weight_decay_bias"}
+
+
+def srvit_optimizer_params(model, lr_decay: float = 0.7, weight_decay_convention: str = "norms", overrides=None,
+                           **kwargs):
     """detectron2's ``get_default_optimizer_params`` with layer-wise lr decay and the
     no-weight-decay names read from the SR-ViT backbone inside ``model`` as it was built, so
     config overrides of the variant, ``layout`` or ``num_steps`` are followed.
 
     Used as ``optimizer.params = L(srvit_optimizer_params)(base_lr="${..lr}", ...)``;
     ``params.model`` is set by the training script (as in detectron2's own configs).
-    ``overrides`` (by parameter name, as detectron2's) take precedence over the
-    ``weight_decay=0`` given to the core's ``no_weight_decay()`` parameters. detectron2
-    matches overrides by a parameter's own name within its module, so those are given by
-    their last name component: ``pos_embed`` (of the core), ``window_rel_pos_h`` (of every
-    attention), ...; no other module of a detector has parameters of these names.
+    ``weight_decay_convention`` (``srvit_backbones.layer_decay.WEIGHT_DECAY_CONVENTIONS``;
+    default ``'norms'``, detectron2's ViTDet) is set as detectron2's ``weight_decay_norm`` /
+    ``weight_decay_bias`` = 0; either given otherwise is an error. ``overrides`` (by parameter
+    name, as detectron2's) take precedence over the ``weight_decay=0`` given to the core's
+    ``no_weight_decay()`` parameters. detectron2 matches overrides by a parameter's own name
+    within its module, so those are given by their last name component: ``pos_embed`` (of the
+    core), ``window_rel_pos_h`` (of every attention), ...; no other module of a detector has
+    parameters of these names.
     """
+    for kind in weight_decay_exemptions(weight_decay_convention):
+        knob = _WEIGHT_DECAY_KNOB_OF_KIND[kind]
+        if kwargs.get(knob) not in (None, 0.0):
+            raise ValueError(f"{knob}={kwargs[knob]} contradicts weight_decay_convention={weight_decay_convention!r}, "
+                             f"which gives {kind}s no weight decay: remove {knob} or choose another convention")
+        kwargs[knob] = 0.0
     name, backbone = find_srvit_backbone(model)
     prefix = f"{name}.srvit." if name else "srvit."
     factor = partial(lr_decay_factor, decay=lr_decay, unit_sizes=backbone.layer_decay_unit_sizes, prefix=prefix)
