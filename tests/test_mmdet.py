@@ -81,6 +81,7 @@ def shrink(cfg: Config) -> Config:
     if model.backbone.get("window_size"):
         model.backbone.window_size = 2
     model.data_preprocessor.batch_augments = [dict(type="BatchFixedSizePad", size=(SIZE, SIZE), pad_mask=True)]
+    model.data_preprocessor.pad_size_divisor = SIZE
     model.neck.update(in_channels=WIDTH, out_channels=CHANNELS)
     model.rpn_head.update(in_channels=CHANNELS, feat_channels=CHANNELS)
     roi = model.roi_head
@@ -141,7 +142,10 @@ def test_flagship_holds_the_vitdet_recipe():
     steps = {t.type: t for t in cfg.train_pipeline}
     assert steps["RandomResize"].ratio_range == (0.1, 2.0) and steps["RandomResize"].scale == (1024, 1024)
     assert steps["RandomCrop"].crop_size == (1024, 1024) and steps["Pad"].size == (1024, 1024)
-    assert [t.type for t in cfg.test_pipeline if t.type in ("Resize", "Pad")] == ["Resize"]
+    # tested at ViTDet's 1024 square: resized into it (Pillow, as detectron2), padded by the preprocessor
+    assert [(t.type, t.scale, t.backend) for t in cfg.test_pipeline if t.type in ("Resize", "Pad")] == \
+        [("Resize", (1024, 1024), "pillow")]
+    assert cfg.model.data_preprocessor.pad_size_divisor == 1024
     assert "FilterAnnotations" in steps
     assert cfg.optim_wrapper.type == "AmpOptimWrapper"
     assert cfg.optim_wrapper.constructor == "SRViTLayerDecayOptimizerConstructor"
@@ -189,6 +193,97 @@ def test_every_config_trains_one_step(path):
     wrapper.step()
     recursive = f"backbone.srvit.units.{backbone.srvit.recursive_unit_indices[0]}.blocks.0.attn.qkv.weight"
     assert not torch.equal(before[recursive], trainable[recursive])
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=config_name)
+def test_every_config_tests_at_its_padded_square(path):
+    """ViTDet's test protocol: the image resized into the training square (long side), then padded
+    to that square by the data preprocessor (not by a pipeline Pad, which would make the padding
+    part of img_shape)."""
+    cfg = Config.fromfile(path)
+    side = cfg.model.backbone.img_size[0]
+    (crop,) = [t.crop_size for t in cfg.train_pipeline if t.type == "RandomCrop"]
+    for pipeline in (cfg.test_pipeline, cfg.test_dataloader.dataset.pipeline, cfg.val_dataloader.dataset.pipeline):
+        assert [t.type for t in pipeline if t.type in ("Resize", "Pad")] == ["Resize"]
+        (resize,) = [t for t in pipeline if t.type == "Resize"]
+        assert resize.scale == crop == (side, side) and resize.keep_ratio and resize.backend == "pillow"
+    assert cfg.model.data_preprocessor.pad_size_divisor == side
+
+
+class BackboneReached(Exception):
+    """Raised by a forward pre-hook once the backbone's input is recorded: the rest need not run."""
+
+
+def backbone_input(backbone, run):
+    """The tensor ``backbone`` is called with while ``run()`` runs."""
+    seen = []
+
+    def record(module, args):
+        seen.append(args[0].detach().clone())
+        raise BackboneReached
+
+    handle = backbone.register_forward_pre_hook(record)
+    try:
+        with pytest.raises(BackboneReached):
+            run()
+    finally:
+        handle.remove()
+    return seen[0]
+
+
+@pytest.mark.parametrize("path", [FLAGSHIP, QUICKSTART], ids=config_name)
+def test_the_backbone_gets_detectron2s_padded_input(path, tmp_path):
+    """One image through each framework's test path as its users run it (mmdet's
+    inference_detector: the config's test pipeline and data preprocessor; detectron2's test
+    DatasetMapper and the model's preprocess_image): the backbone gets the same tensor, the image
+    resized into the square and padded to it with the mean pixel (0 once normalised)."""
+    from detectron2.data import DatasetMapper
+    from mmdet.apis import init_detector, inference_detector
+
+    d2_path = detectron2_twin(path) or os.path.join(D2_CONFIGS, "quickstart", "mask_rcnn_srvit_tiny_cpu.py")
+    image = tmp_path / "image.png"
+    rng = torch.Generator().manual_seed(0)
+    Image.fromarray(torch.randint(0, 256, (100, 150, 3), generator=rng, dtype=torch.uint8).numpy()).save(image)
+
+    cfg = Config.fromfile(path)
+    cfg.model.backbone.pop("init_cfg", None)
+    side = cfg.model.backbone.img_size[0]
+    model = init_detector(cfg, None, device="cpu")
+    ours = backbone_input(model.backbone, lambda: inference_detector(model, str(image)))
+
+    d2_cfg = LazyConfig.load(d2_path)
+    d2_cfg.model.backbone.net.pop("init_checkpoint", None)
+    d2_model = instantiate(d2_cfg.model).eval()
+    mapper = instantiate(d2_cfg.dataloader.test.mapper)
+    assert isinstance(mapper, DatasetMapper)
+    sample = mapper(dict(file_name=str(image), height=100, width=150, image_id=0))
+    with torch.no_grad():
+        theirs = backbone_input(d2_model.backbone.net, lambda: d2_model([sample]))
+
+    height = round(100 * side / 150)
+    assert ours.shape == theirs.shape == (1, 3, side, side)
+    assert torch.equal(ours, theirs)
+    assert (ours[..., height:, :] == 0).all() and (ours[..., :height, :] != 0).any(-3).float().mean() > 0.9
+
+
+def test_a_detection_in_the_padding_stays_in_the_image(tmp_path):
+    """With the test images padded to the square, an untrained detector (its proposals all over the
+    padded input) returns boxes clipped to the image and masks of the image's size: the pad is not
+    part of img_shape (a pipeline Pad made boxes reach into it, and the mask paste then failed)."""
+    from mmdet.apis import init_detector, inference_detector
+
+    image = tmp_path / "wide.png"
+    Image.fromarray(torch.full((40, 190, 3), 200, dtype=torch.uint8).numpy()).save(image)
+    cfg = Config.fromfile(QUICKSTART)
+    cfg.model.test_cfg.rcnn.update(score_thr=0.0, max_per_img=200)
+    torch.manual_seed(0)
+    model = init_detector(cfg, None, device="cpu")
+    result = inference_detector(model, str(image))
+    assert result.batch_input_shape == (192, 192) and result.img_shape == (40, 192) and result.ori_shape == (40, 190)
+    boxes = result.pred_instances.bboxes
+    assert len(boxes) > 50
+    assert (boxes[:, [0, 2]] <= 190).all() and (boxes[:, [1, 3]] <= 40).all() and (boxes >= 0).all()
+    assert result.pred_instances.masks.shape[-2:] == (40, 190)
 
 
 TWINS = [p for p in CONFIGS if detectron2_twin(p)]
@@ -382,6 +477,7 @@ def test_detectron2_model_final_loads_into_the_backbone(tmp_path_factory):
 ITERS = 60  # the quickstart run the end-to-end tests share: 60 iterations at 128 pixels on 8 images
 MID = 30  # and its checkpoint in the middle
 SMALL = ["model.backbone.img_size=(128,128)", "model.data_preprocessor.batch_augments.0.size=(128,128)",
+         "model.data_preprocessor.pad_size_divisor=128",
          "train_dataloader.dataset.pipeline.3.scale=(128,128)", "train_dataloader.dataset.pipeline.4.crop_size=(128,128)",
          "train_dataloader.dataset.pipeline.6.size=(128,128)", "test_dataloader.dataset.pipeline.1.scale=(128,128)",
          "val_dataloader.dataset.pipeline.1.scale=(128,128)", "train_dataloader.batch_size=2",

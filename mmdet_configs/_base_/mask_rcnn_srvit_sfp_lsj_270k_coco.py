@@ -1,7 +1,7 @@
 # Mask R-CNN with an SR-ViT backbone and ViTDet's Simple Feature Pyramid, the paper's COCO recipe
 # (SPEC section 4) in mmdet's terms, as mmdet's projects/ViTDet writes it (which the pip wheel
 # lacks; srvit_backbones.mmdet registers the backbone, pyramid, optimizer constructor and hook):
-# - LSJ: 1024x1024 crops of images resized by 0.1-2.0, padded to 1024
+# - LSJ: 1024x1024 crops of images resized by 0.1-2.0, padded to 1024; tested padded to 1024
 # - RPN with 2 convs, 4conv1fc box head and mask head with LayerNorm (ViTDet's "LN")
 # - AdamW lr 1e-4, weight decay 0.1 (none on norms, biases and positions: mmdet ViTDet's
 #   convention), layer-wise lr decay 0.7 by the shared-block rule (srvit_backbones/layer_decay.py,
@@ -20,7 +20,10 @@ embed_dim = 384
 norm_cfg = dict(type='LayerNorm2d', eps=1e-6, requires_grad=True)  # detectron2's LN (mmcv would make eps 1e-5)
 model = dict(
     data_preprocessor=dict(
-        pad_size_divisor=32,
+        # Every image (at most 1024 a side after the test Resize) is padded to the 1024 square after
+        # normalisation, with 0 (the mean pixel), as detectron2's square_pad and ViTDet test. The
+        # pad is not part of img_shape, so detections are clipped to the image, not the padding.
+        pad_size_divisor=image_size[0],
         batch_augments=[dict(type='BatchFixedSizePad', size=image_size, pad_mask=True)]),
     backbone=dict(
         _delete_=True,
@@ -57,12 +60,13 @@ train_pipeline = [
     dict(type='Pad', size=image_size, pad_val=dict(img=(114, 114, 114))),
     dict(type='PackDetInputs'),
 ]
-# Test images are padded by the data preprocessor to a multiple of 32, not to 1024 (mmdet's Pad sets
-# img_shape to the padded size, so a detection in the padding falls outside the image and the mask
-# paste fails); the backbone resizes its position table to the grid.
+# Test images: the long side resized to 1024 with Pillow's bilinear filter (detectron2's
+# ResizeShortestEdge), then padded to the 1024 square by the data preprocessor (pad_size_divisor):
+# the backbone sees what detectron2's does. Not mmdet's Pad: it sets img_shape to the padded size,
+# so boxes would be clipped to the padding and a detection there breaks the mask paste.
 test_pipeline = [
     dict(type='LoadImageFromFile', backend_args=backend_args),
-    dict(type='Resize', scale=image_size, keep_ratio=True),
+    dict(type='Resize', scale=image_size, keep_ratio=True, backend='pillow'),
     dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
     dict(type='PackDetInputs', meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
 ]

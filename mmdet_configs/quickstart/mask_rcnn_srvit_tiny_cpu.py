@@ -9,7 +9,8 @@ embed_dim = 64
 channels = 64
 data_root = 'datasets/coco/'
 model = dict(
-    data_preprocessor=dict(batch_augments=[dict(type='BatchFixedSizePad', size=image_size, pad_mask=True)]),
+    data_preprocessor=dict(pad_size_divisor=image_size[0],
+                           batch_augments=[dict(type='BatchFixedSizePad', size=image_size, pad_mask=True)]),
     backbone=dict(variant='srvit_t_t2', img_size=image_size, embed_dim=embed_dim, num_heads=2, drop_path_rate=0.0),
     neck=dict(in_channels=embed_dim, out_channels=channels),
     rpn_head=dict(in_channels=channels, feat_channels=channels),
@@ -35,7 +36,7 @@ train_pipeline = [
 ]
 test_pipeline = [
     dict(type='LoadImageFromFile'),
-    dict(type='Resize', scale=image_size, keep_ratio=True),
+    dict(type='Resize', scale=image_size, keep_ratio=True, backend='pillow'),
     dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
     dict(type='PackDetInputs', meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
 ]
