@@ -239,3 +239,74 @@ def test_benchmark_compile_pairs_each_model_with_its_eager_run():
         ("srvit_t_t2 infer compiled", "srvit_t_t2 infer")]
     with pytest.raises(SystemExit, match="--compile times compiled backbones"):
         bench.main(["--detector", "mask_rcnn_srvit_s_t3.py", "--compile"])
+
+
+def test_vitdet_same_depth_is_detectron2s_vit_with_the_windowed_variants_applications():
+    """The windowed reference: detectron2's own ViT, as deep as the variant applies blocks, its
+    global blocks where the variant's global applications are, relative positions on; timed and
+    paired with every variant."""
+    bench = load_tool("benchmark")
+    from detectron2.modeling.backbone.vit import ViT
+
+    windowed = create_srvit("srvit_t_t2", img_size=64, window_size=2, use_rel_pos=True, num_classes=0)
+    ref = bench.build("vitdet_same_depth", "srvit_t_t2", 64, False, dict(window_size=2, use_rel_pos=True))
+    net = ref.net
+    assert isinstance(net, ViT) and len(net.blocks) == windowed.effective_depth == 14
+    assert [i for i, b in enumerate(net.blocks) if b.window_size == 0] == list(windowed.global_attn_indexes)
+    assert all(b.attn.use_rel_pos and b.attn.num_heads == 6 for b in net.blocks) and net.blocks[0].window_size == 2
+    assert ref(torch.randn(1, 3, 64, 64)).shape == (1, 384, 4, 4)
+
+    result = bench.main(["--model", "srvit_t_t2", "--size", "64", "--batch-size", "1", "--warmup", "0",
+                         "--repeats", "1", "--modes", "train", "--references", "vitdet_same_depth",
+                         "--variant", "global:", "--variant", "win:window_size=2,use_rel_pos=True", "--default-malloc"])
+    pairs = {(c["a"], c["b"]) for c in result["comparisons"]}
+    assert ("srvit_t_t2[win] train", "detectron2 ViTDet depth=14 train") in pairs
+    assert ("srvit_t_t2[global] train", "detectron2 ViTDet depth=14 train") in pairs
+    with pytest.raises(SystemExit, match="vitdet_same_depth mirrors a windowed model: add a --variant with windows"):
+        bench.main(["--model", "srvit_t_t2", "--references", "vitdet_same_depth"])
+
+
+def test_detectron2s_vitdet_b_reference_config_is_timed_beside_ours():
+    """The shipped ViTDet ViT-B reference (detectron2's model zoo model and optimizer) runs in
+    the detector mode next to our windowed detector, in one command; as the first config it is
+    the baseline ours is paired with (ours / ViTDet-B)."""
+    bench = load_tool("benchmark")
+    cfg, size = bench.detector_config(dict(name="reference/mask_rcnn_vitdet_b.py", overrides=[], grad_checkpointing=False))
+    net = cfg.model.backbone.net
+    assert (size, net.embed_dim, net.depth, net.window_size, list(net.window_block_indexes)) == (
+        1024, 768, 12, 14, [0, 1, 3, 4, 6, 7, 9, 10])
+    narrow = [f"model.{key}=64" for key in (
+        "backbone.net.embed_dim", "backbone.out_channels", "proposal_generator.head.in_channels",
+        "roi_heads.box_head.input_shape.channels", "roi_heads.box_predictor.input_shape.channels",
+        "roi_heads.mask_head.input_shape.channels", "roi_heads.batch_size_per_image")]
+    narrow += ["model.backbone.net.num_heads=2", "model.roi_heads.box_head.conv_dims=[64,64]",
+               "model.roi_heads.box_head.fc_dims=[64]", "model.roi_heads.mask_head.conv_dims=[64,64]"]
+    result = bench.main(["--detector", "reference/mask_rcnn_vitdet_b.py", "quickstart/mask_rcnn_srvit_tiny_win_cpu.py",
+                         "--detector-opts", *TINY_DETECTOR_OPTS, *narrow, "--batch-size", "1", "--warmup", "0",
+                         "--repeats", "1", "--modes", "train", "--default-malloc"])
+    (c,) = result["comparisons"]
+    assert (c["a"], c["b"]) == ("mask_rcnn_srvit_tiny_win_cpu train", "mask_rcnn_vitdet_b train")
+
+
+def test_attention_mode_times_every_kernel_and_checks_it_against_detectron2(tmp_path):
+    """``--attention``: each kernel (ours, each of KERNELS, flash, detectron2's formula) on the
+    global grid and its windows, in both CPU precisions; ours agree with detectron2's formula,
+    the ``blocked`` kernel keeps less for the backward than the materialised bias."""
+    result = load_tool("benchmark").main(["--attention", "--size", "64", "--batch-size", "1", "--warmup", "0",
+                                          "--repeats", "2", "--device", "cpu", "--json", str(tmp_path / "a.json")])
+    rows = json.loads((tmp_path / "a.json").read_text())["rows"]
+    assert rows == result["rows"]
+    kernels = ["flash, no bias", "detectron2 formula", "ours (default choice)", "ours: blocked", "ours: bias", "ours: flex"]
+    assert [(r["case"], r["dtype"], r["kernel"]) for r in rows] == [
+        (case, dtype, k) for case in ("global", "windows") for dtype in ("float32", "bfloat16") for k in kernels]
+    assert {(r["case"], r["images"], tuple(r["grid"])) for r in rows} == {("global", 1, (4, 4)), ("windows", 1, (14, 14))}
+    for r in rows:
+        assert len(r["forward_s"]) == 2 and all(t > 0 for t in r["forward_s"])
+        if r["kernel"].startswith("ours"):
+            assert r["output_cosine"] > (0.99999 if r["dtype"] == "float32" else 0.999), r
+        if r["kernel"] == "ours: flex":  # no flex backward on the CPU
+            assert r["forward_backward_s"] is None
+        elif r["kernel"].startswith("ours"):
+            assert min(r["gradient_cosines"]) > (0.99999 if r["dtype"] == "float32" else 0.99), r
+    saved = {(r["case"], r["dtype"], r["kernel"]): r["saved_mib"] for r in rows if "saved_mib" in r}
+    assert saved["windows", "float32", "ours: blocked"] < saved["windows", "float32", "ours: bias"]

@@ -8,10 +8,25 @@ variants of one SR-ViT side by side; and of whole Mask R-CNN training steps.
         --grad-checkpointing both --references --json docs/bench_s_t4_1024.json
     python tools/benchmark.py --model srvit_s_t3 --size 1024 --batch-size 1 --references \\
         --variant global: --variant win:window_size=14,use_rel_pos=True
+    python tools/benchmark.py --model srvit_s_t3 --size 1024 --batch-size 2 --amp --references \
+        vit_same_depth vitdet_same_depth --variant global: --variant win:window_size=14,use_rel_pos=True
     python tools/benchmark.py --detector mask_rcnn_srvit_s_t3.py mask_rcnn_deit_s.py --batch-size 1
+    python tools/benchmark.py --detector reference/mask_rcnn_vitdet_b.py mask_rcnn_srvit_s_t3_win.py \
+        --batch-size 1 --amp
+    python tools/benchmark.py --attention --size 1024 --batch-size 2
     python tools/benchmark.py --model srvit_s_t3 --modes infer --references --amp both
     python tools/benchmark.py --model srvit_s_t3 --references --compile both
 
+References: ``vit_same_depth`` is timm's ViT of the model's width and depth = D_eff (the
+physical reference of global attention); ``vitdet_same_depth`` is detectron2's own ViTDet ``ViT``
+with the first windowed variant's width, heads, depth = D_eff, window size and global
+applications, relative positions on (the physical reference of the windowed variants).
+Attention mode (``--attention``): the relative-position attention kernels one by one
+(``srvit_backbones.models.rel_pos.KERNELS`` and the default choice) beside flash attention
+without a bias, detectron2's formula and SDPA with a materialised bias, for the global grid of
+``--size`` and its 14x14 windows: forward and forward+backward times, what a training step
+keeps for the backward, GPU peak memory, and each output's and gradient's error against
+detectron2's formula.
 Variants: ``--variant NAME:key=value,...`` builds ``--model`` with those core (``SRViT``)
 arguments, values read as Python literals (``global_attn_indexes=(0, 31)``); several
 ``--variant`` run interleaved and each is compared with the first, with its parameter count.
@@ -58,12 +73,15 @@ import time
 
 import timm
 import torch
+import torch.nn.functional as F
 
 import srvit_backbones  # noqa: F401  (registers the SR-ViT variants)
 from srvit_backbones import SRViT, amp
 from srvit_backbones.models import VARIANTS
 
 REFERENCE_SAME_DEPTH = "vit_same_depth"
+REFERENCE_VITDET = "vitdet_same_depth"
+SAME_DEPTH = (REFERENCE_SAME_DEPTH, REFERENCE_VITDET)
 SUBJECTS = ("srvit", "detectron2")  # what is measured; the other kinds are references
 SET_BY_TOOL = ("img_size", "num_classes")  # core arguments the benchmark sets itself
 SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
@@ -128,8 +146,35 @@ def parse_variant(spec):
 
 
 # ---------------------------------------------------------------- models and their steps
+class LastFeature(torch.nn.Module):
+    """detectron2's ``ViT`` returns {out_feature: map}; the steps take the map."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        return self.net(x)[self.net._out_features[0]]
+
+
+def vitdet_same_depth(model, size, grad_ckpt):
+    """detectron2's ViTDet ``ViT`` applying as many blocks as ``model`` (an SR-ViT) does, of its
+    width and heads, windowed and global where its applications are, relative positions on."""
+    from detectron2.modeling import ViT
+
+    depth = model.effective_depth
+    return LastFeature(ViT(
+        img_size=size, patch_size=16, embed_dim=model.embed_dim, depth=depth,
+        num_heads=model.units[0].blocks[0].attn.num_heads, mlp_ratio=4, qkv_bias=True,
+        norm_layer=functools.partial(torch.nn.LayerNorm, eps=1e-6), window_size=model.window_size,
+        window_block_indexes=[i for i in range(depth) if i not in model.global_attn_indexes],
+        use_rel_pos=True, use_act_checkpoint=grad_ckpt, out_feature="last_feat"))
+
+
 def build(kind, name, size, grad_ckpt, model_args=None):
     num_classes = 1000 if size == 224 else 0
+    if kind == REFERENCE_VITDET:
+        return vitdet_same_depth(timm.create_model(name, img_size=size, num_classes=0, **model_args), size, grad_ckpt)
     if kind == REFERENCE_SAME_DEPTH:
         ref = timm.create_model(name, img_size=size, num_classes=0)
         model = timm.models.vision_transformer.VisionTransformer(
@@ -321,6 +366,8 @@ def measure_peak_memory(job, args):
 def label(row):
     if row["kind"] == REFERENCE_SAME_DEPTH:
         name = f"timm ViT depth={_deff(row['name'])}"
+    elif row["kind"] == REFERENCE_VITDET:
+        name = f"detectron2 ViTDet depth={_deff(row['name'])}"
     elif row["kind"] == "detectron2":
         name = os.path.splitext(os.path.basename(row["name"]))[0]
     else:
@@ -411,7 +458,11 @@ def parse_args(argv=None):
                    help="activation checkpointing in the training step")
     p.add_argument("--references", nargs="*", default=[REFERENCE_SAME_DEPTH, "deit_small_patch16_224",
                                                         "deit_base_patch16_224"],
-                   help=f"{REFERENCE_SAME_DEPTH} and/or timm model names; empty: SR-ViT alone")
+                   help=f"{REFERENCE_SAME_DEPTH}, {REFERENCE_VITDET} (the windowed variants' reference; needs "
+                        f"detectron2) and/or timm model names; empty: SR-ViT alone")
+    p.add_argument("--attention", action="store_true",
+                   help="time the relative-position attention kernels at --size (global grid and 14x14 windows) "
+                        "against flash attention, detectron2's formula and SDPA with a bias")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per model")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds (one step per model each)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -453,8 +504,11 @@ def check_args(args):
                           "with --detector-opts (e.g. model.backbone.net.window_size=14)")
     else:
         for ref in args.references:
-            if ref != REFERENCE_SAME_DEPTH and not timm.is_model(ref):
-                errors.append(f"--references {ref!r} is neither {REFERENCE_SAME_DEPTH} nor a timm model name")
+            if ref not in SAME_DEPTH and not timm.is_model(ref):
+                errors.append(f"--references {ref!r} is neither one of {SAME_DEPTH} nor a timm model name")
+        if REFERENCE_VITDET in args.references and not windowed_variant(variants_of(args)):
+            errors.append(f"--references {REFERENCE_VITDET} mirrors a windowed model: add a --variant with windows, "
+                          f"e.g. --variant win:window_size=14,use_rel_pos=True")
         for spec in args.variant:
             try:
                 variants.append(parse_variant(spec))
@@ -474,6 +528,22 @@ def check_args(args):
     return variants, dtype
 
 
+def variants_of(args):
+    """The parseable --variant arguments (check_args reports the others)."""
+    parsed = []
+    for spec in args.variant:
+        try:
+            parsed.append(parse_variant(spec))
+        except ValueError:
+            pass
+    return parsed
+
+
+def windowed_variant(variants):
+    """The core arguments of the first variant with windows (None if there is none)."""
+    return next((kwargs for _, kwargs in variants if kwargs.get("window_size")), None)
+
+
 def make_jobs(args, variants, dtype, mode):
     ckpt = {"off": [False], "on": [True], "both": [False, True]}[args.grad_checkpointing]
     amps = {"off": [False], "on": [True], "both": [False, True]}[args.amp]
@@ -484,7 +554,8 @@ def make_jobs(args, variants, dtype, mode):
         models = ([dict(kind="srvit", name=args.model, variant=name, model_args=kwargs) for name, kwargs in variants]
                   or [dict(kind="srvit", name=args.model)])
         models += [dict(kind=REFERENCE_SAME_DEPTH, name=args.model) if r == REFERENCE_SAME_DEPTH
-                   else dict(kind="timm", name=r) for r in args.references]
+                   else dict(kind=REFERENCE_VITDET, name=args.model, model_args=windowed_variant(variants))
+                   if r == REFERENCE_VITDET else dict(kind="timm", name=r) for r in args.references]
     return [dict(m, mode=mode, grad_checkpointing=c, amp=a, amp_dtype=dtype if a else None, compiled=compiled)
             for m in models for c in (ckpt if mode == "train" else [False]) for a in amps for compiled in compiles]
 
@@ -494,6 +565,8 @@ def main(argv=None):
     if args.memory_worker:
         return peak_memory_worker(args)
     variants, dtype = check_args(args)
+    if args.attention:
+        return attention_benchmark(args, dtype)
     if args.detector:
         for config in args.detector:  # a wrong name or a config without an input size, before any timing
             try:
@@ -526,6 +599,156 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
     return result
+
+
+# ---------------------------------------------------------------- attention mode
+#: the precisions the attention mode times on each device type
+ATTENTION_DTYPES = {"cuda": ("float16", "bfloat16"), "cpu": ("float32", "bfloat16")}
+ATTENTION_HEADS, ATTENTION_HEAD_DIM, VITDET_WINDOW = 6, 64, 14  # SR-ViT-S, ViTDet's windows
+
+
+def detectron2_formula(q, k, v, rel_pos_h, rel_pos_w, size):
+    """ViTDet's attention from its q, k, v: the scores materialised, detectron2's
+    ``add_decomposed_rel_pos``, softmax, values: the reference every kernel is checked against."""
+    from detectron2.modeling.backbone.utils import add_decomposed_rel_pos
+
+    B, heads, N, C = q.shape
+    qf, kf = q.reshape(B * heads, N, C), k.reshape(B * heads, N, C)
+    attn = add_decomposed_rel_pos((qf * C ** -0.5) @ kf.transpose(-2, -1), qf, rel_pos_h, rel_pos_w, size, size)
+    return (attn.softmax(dim=-1) @ v.reshape(B * heads, N, C)).view(B, heads, N, C)
+
+
+def attention_kernels():
+    """name -> f(q, k, v, rel_pos_h, rel_pos_w, grid): ours (the default choice and each of
+    ``KERNELS``; ``bias`` is SDPA with the materialised bias) and the references."""
+    from srvit_backbones.models.rel_pos import KERNELS, rel_pos_attention
+
+    kernels = {"flash, no bias": lambda q, k, v, h, w, size: F.scaled_dot_product_attention(q, k, v),
+               "detectron2 formula": detectron2_formula,
+               "ours (default choice)": rel_pos_attention}
+    kernels.update({f"ours: {name}": functools.partial(rel_pos_attention, kernel=name) for name in KERNELS})
+    return kernels
+
+
+def attention_cases(args):
+    """(case, attention maps' images, grid): the global grid of --size, and its windows of 14x14
+    (the grid padded to whole windows, as ViTDet does) for --batch-size images."""
+    side = args.size // 16
+    windows = (-(-side // VITDET_WINDOW)) ** 2
+    return [("global", args.batch_size, (side, side)), ("windows", args.batch_size * windows, (VITDET_WINDOW,) * 2)]
+
+
+def attention_inputs(images, grid, device, dtype):
+    """q, k, v in ``dtype`` (as autocast's projections give them) and float32 tables (parameters)."""
+    g = torch.Generator().manual_seed(0)
+    n = grid[0] * grid[1]
+    qkv = [torch.randn(images, ATTENTION_HEADS, n, ATTENTION_HEAD_DIM, generator=g).to(device, dtype) for _ in range(3)]
+    tables = [torch.randn(2 * side - 1, ATTENTION_HEAD_DIM, generator=g).mul_(0.1).to(device) for side in grid]
+    return [t.requires_grad_() for t in qkv + tables]
+
+
+def call_attention(fn, tensors, grid, device):
+    """One call, under autocast for fp16 / bf16 inputs (as the model runs them)."""
+    with torch.autocast(device.type, dtype=tensors[0].dtype, enabled=tensors[0].dtype != torch.float32):
+        return fn(*tensors, grid)
+
+
+def attention_gradients(out, tensors, device):
+    """The inputs' gradients from fixed output gradients (None where one does not reach)."""
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device)
+    return torch.autograd.grad((out.float() * weights).sum(), tensors, allow_unused=True)
+
+
+def saved_for_backward_mib(fn, tensors, grid, device):
+    """What autograd keeps of one call for its backward (distinct storages), in MiB."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        call_attention(fn, tensors, grid, device)
+    return sum(storages.values()) / 2 ** 20
+
+
+def cosine(a, b):
+    return F.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0).item()
+
+
+def attention_benchmark(args, _amp_dtype=None):
+    """Every kernel of ``attention_kernels`` on every case of ``attention_cases`` in each of
+    ATTENTION_DTYPES: forward and forward+backward times in interleaved rounds, what training
+    keeps, GPU peak memory, and errors against detectron2's formula in float32."""
+    device = torch.device(args.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    kernels = attention_kernels()
+    rows = []
+    for case, images, grid in attention_cases(args):
+        fp32 = attention_inputs(images, grid, device, torch.float32)
+        reference = call_attention(detectron2_formula, fp32, grid, device)
+        reference_grads = attention_gradients(reference, fp32, device)
+        reference = reference.detach()
+        for dtype_name in ATTENTION_DTYPES[device.type]:
+            tensors = attention_inputs(images, grid, device, getattr(torch, dtype_name))
+            group = []
+            for name, fn in kernels.items():
+                # flex has no backward on the CPU; the others are timed forward and forward+backward
+                trains = not (name == "ours: flex" and device.type == "cpu")
+                row = dict(case=case, images=images, grid=list(grid), heads=ATTENTION_HEADS, dtype=dtype_name,
+                           kernel=name, forward_s=[], forward_backward_s=[] if trains else None)
+                with torch.no_grad():
+                    out = call_attention(fn, [t.detach() for t in tensors], grid, device)
+                row["output_cosine"] = cosine(out, reference)
+                if trains:
+                    if device.type == "cuda":
+                        torch.cuda.reset_peak_memory_stats()
+                        before = torch.cuda.memory_allocated()
+                    grads = attention_gradients(call_attention(fn, tensors, grid, device), tensors, device)
+                    if device.type == "cuda":
+                        row["peak_mib"] = (torch.cuda.max_memory_allocated() - before) / 2 ** 20
+                    row["gradient_cosines"] = [None if g is None else cosine(g, e) for g, e in zip(grads, reference_grads)]
+                    row["saved_mib"] = saved_for_backward_mib(fn, tensors, grid, device)
+                group.append((row, fn, trains))
+            for r in range(args.warmup + args.repeats):
+                for row, fn, trains in (group if r % 2 == 0 else reversed(group)):
+                    sync()
+                    t0 = time.perf_counter()
+                    with torch.no_grad():
+                        call_attention(fn, [t.detach() for t in tensors], grid, device)
+                    sync()
+                    t1 = time.perf_counter()
+                    if trains:
+                        attention_gradients(call_attention(fn, tensors, grid, device), tensors, device)
+                        sync()
+                    if r >= args.warmup:
+                        row["forward_s"].append(t1 - t0)
+                        if trains:
+                            row["forward_backward_s"].append(time.perf_counter() - t1 + row["forward_s"][-1])
+            rows += [row for row, _, _ in group]
+    report_attention(rows)
+    result = dict(command=" ".join([os.path.relpath(sys.argv[0])] + (sys.argv[1:])), rows=rows,
+                  machine=dict(platform=platform.platform(), processor=cpu_name(), torch=torch.__version__,
+                               device=args.device,
+                               gpu=torch.cuda.get_device_name(0) if device.type == "cuda" else None))
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+def report_attention(rows):
+    print(f"{'case':<8} {'dtype':<9} {'kernel':<22} {'fwd ms':>8} {'fwd+bwd ms':>11} {'saved MiB':>10} "
+          f"{'peak MiB':>9} {'out cos':>9} {'min grad cos':>12}")
+    for r in rows:
+        fb = f"{statistics.median(r['forward_backward_s']) * 1e3:>11.2f}" if r["forward_backward_s"] else f"{'-':>11}"
+        grads = [c for c in r.get("gradient_cosines") or [] if c is not None]
+        print(f"{r['case']:<8} {r['dtype']:<9} {r['kernel']:<22} {statistics.median(r['forward_s']) * 1e3:>8.2f} {fb} "
+              f"{r.get('saved_mib', float('nan')):>10.1f} {r.get('peak_mib', float('nan')):>9.1f} "
+              f"{r['output_cosine']:>9.5f} {min(grads) if grads else float('nan'):>12.5f}")
+    print("\ncosines against detectron2's formula in float32 (flash has no relative positions: its gap is the bias's "
+          "weight); saved: what a training step keeps for the backward; peak: GPU only")
 
 
 def cpu_name():

@@ -3,6 +3,7 @@ windows or globally, with decomposed relative positions when the block is a
 ``RelPosAttention`` (one table pair per extent it is applied at). Windows and relative
 positions work on patch tokens only: a model that uses them carries no class token.
 """
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -68,9 +69,22 @@ class RelPosAttention(Attention):
             return self.window_rel_pos_h, self.window_rel_pos_w
         return self.global_rel_pos_h, self.global_rel_pos_w
 
-    def forward(self, x: torch.Tensor, grid: Tuple[int, int], window_size: int = 0) -> torch.Tensor:
-        """x: (B, h*w, D) tokens of the (h, w) patch grid, attended within windows of
-        ``window_size`` or (0) over the whole grid."""
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
+                grid: Optional[Tuple[int, int]] = None, window_size: Optional[int] = None) -> torch.Tensor:
+        """timm ``Attention``'s call, so that ``block(x)`` works on every block: x is (B, h*w, D)
+        tokens of the (h, w) patch grid ``grid`` (default: square), attended within windows of
+        ``window_size`` or (0) over the whole grid (default: globally if the block has global
+        tables, else in its windows). The model calls ``grid_attention`` with both given."""
+        if attn_mask is not None or is_causal:
+            raise ValueError("relative-position attention takes no attention mask and is not causal (token "
+                             "merging's bias needs global attention without relative positions)")
+        if grid is None:
+            side = math.isqrt(x.shape[1])
+            if side * side != x.shape[1]:
+                raise ValueError(f"{x.shape[1]} tokens do not form a square patch grid: pass grid=(h, w)")
+            grid = (side, side)
+        if window_size is None:
+            window_size = 0 if hasattr(self, "global_rel_pos_h") else self.window_rel_pos_h.shape[0] // 2 + 1
         return grid_attention(self, x, grid, window_size)
 
 

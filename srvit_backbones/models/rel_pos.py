@@ -1,16 +1,25 @@
 """ViTDet's decomposed relative positions (MViTv2's ``add_decomposed_rel_pos``) as an attention
-kernel: the tables' names and resizing, and attention whose bias is expanded block by block of
-query rows, with a backward that recomputes each block's probabilities instead of keeping any
-(queries, keys) tensor. The relative-position lookup is timm's copy of ViTDet's
-(``get_rel_pos``), reused by import. Which kernel and block size run is a function of the
-device type and dtype, so the GPU's choices run on the CPU too (``device_type='cuda'``).
+kernel: the tables' names and resizing, and three ways to attend with them (``KERNELS``):
+
+- ``blocked``: the bias expanded block by block of query rows (the fused kernel or
+  matmul-softmax-matmul per block), with a backward that recomputes each block's probabilities
+  instead of keeping any (queries, keys) tensor: memory-lean at any grid size;
+- ``bias``: one ``F.scaled_dot_product_attention`` call with the whole bias, differentiated by
+  autograd (CUDA's memory-efficient kernel returns the bias gradient): few kernel launches, the
+  bias kept for the backward, so only where it is small (ViTDet's 14x14 windows);
+- ``flex``: ``flex_attention`` with a ``score_mod`` adding the per-axis terms; opt-in
+  (``set_rel_pos_kernel('flex')`` or ``SRVIT_REL_POS_KERNEL=flex``) until a GPU run has timed it.
+
+Which kernel and block size run is a function of the device type, dtype and sizes
+(``choose_kernel``), so the GPU's choices run on the CPU too (``device_type='cuda'``).
 """
+import functools
+import os
 from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from timm.layers import register_notrace_function
-from timm.models.vision_transformer_sam import get_rel_pos
 
 #: the (images, heads, queries, keys) bias block given to the fused kernel, in elements:
 #: 24 MiB of fp32 (4 grid rows of a global application at 1024, 6 heads), under glibc's largest
@@ -27,6 +36,14 @@ FUSED_MIN_KEYS = 1024
 #: probabilities stay in cache between the softmax and the next matmul
 UNFUSED_BLOCK_ELEMENTS = 2 ** 18
 
+#: the largest whole bias, in elements, that the ``bias`` kernel materialises (and autograd keeps
+#: for the backward): 64 MiB of fp16. 25 windows of 14x14, 6 heads, 2 images: 11.5M; a global
+#: application at 1024: 201M, which takes ``blocked``
+WHOLE_BIAS_ELEMENTS = 2 ** 25
+
+#: the kernels ``rel_pos_attention`` can run (the module docstring says what each does)
+KERNELS = ("blocked", "bias", "flex")
+
 #: the names of the relative-position tables of a ``RelPosAttention`` (one (h, w) pair per extent)
 REL_POS_SUFFIXES = ("rel_pos_h", "rel_pos_w")
 
@@ -42,8 +59,28 @@ def resize_rel_pos(table: torch.Tensor, length: int) -> torch.Tensor:
     checkpoint is loaded gives the bias the original table would have given."""
     if table.shape[0] == length:
         return table
-    resized = F.interpolate(table.T.unsqueeze(0).float(), size=length, mode="linear")
+    resized = F.interpolate(table.T.unsqueeze(0).to(torch.promote_types(table.dtype, torch.float32)),
+                            size=length, mode="linear")
     return resized.squeeze(0).T.to(table.dtype)
+
+
+def _offsets(size: int, device: torch.device) -> torch.Tensor:
+    """(size, size) index of query i and key j's offset, i - j + size - 1, made on ``device``."""
+    coords = torch.arange(size, device=device)
+    return coords[:, None] - coords[None, :] + (size - 1)
+
+
+#: ``_offsets`` made once per extent and device: made per call on the host (timm's
+#: ``get_rel_pos``), the index costs a host-to-device copy and a stream sync per application
+_cached_offsets = functools.lru_cache(maxsize=None)(_offsets)
+
+
+def rel_pos_lookup(size: int, table: torch.Tensor) -> torch.Tensor:
+    """(size, size, C) table rows of every (query, key) offset along one axis: timm's / ViTDet's
+    ``get_rel_pos`` for equal query and key sizes, the table resized to 2 * size - 1 rows
+    where it has another length. A compiled graph makes its index itself."""
+    offsets = _offsets if torch.compiler.is_compiling() else _cached_offsets
+    return resize_rel_pos(table, 2 * size - 1)[offsets(size, table.device)]
 
 
 QueryBlock = Tuple[slice, slice]
@@ -51,14 +88,17 @@ QueryBlock = Tuple[slice, slice]
 
 def _query_blocks(batch: int, heads: int, rows: int, row_len: int, keys: int, budget: int) -> List[QueryBlock]:
     """(image, grid-row) slices of blocks whose (images, heads, rows * row_len, keys) scores
-    hold at most ``budget`` elements: whole images where they fit, else groups of grid rows of
-    one image (at least one row of every head: blocks split by heads were slower, measured)."""
+    hold at most ``budget`` elements: groups of whole images where they fit, else groups of
+    grid rows across as many images as fit (one launch serves several images; at least one row
+    of every head: blocks split by heads were slower, measured)."""
     per_row = heads * row_len * keys
     if rows * per_row <= budget:
         step = max(1, budget // (rows * per_row))
         return [(slice(b0, min(b0 + step, batch)), slice(0, rows)) for b0 in range(0, batch, step)]
-    step = max(1, budget // per_row)
-    return [(slice(b, b + 1), slice(r0, min(r0 + step, rows))) for b in range(batch) for r0 in range(0, rows, step)]
+    images = min(batch, max(1, budget // per_row))
+    step = max(1, budget // (images * per_row))
+    return [(slice(b0, min(b0 + images, batch)), slice(r0, min(r0 + step, rows)))
+            for b0 in range(0, batch, images) for r0 in range(0, rows, step)]
 
 
 def _scratch(like: torch.Tensor, blocks: List[QueryBlock], heads: int, row_len: int, keys: int) -> torch.Tensor:
@@ -68,32 +108,63 @@ def _scratch(like: torch.Tensor, blocks: List[QueryBlock], heads: int, row_len: 
     return like.new_empty(max((b.stop - b.start) * (r.stop - r.start) for b, r in blocks) * heads * row_len * keys)
 
 
-def _bias(rel_h: torch.Tensor, rel_w: torch.Tensor, block: QueryBlock, scratch: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The (images, heads, queries, keys) bias of a block: rel_h + rel_w over the key grid;
-    written into ``scratch`` where given (outside autograd)."""
+def _bias(terms_h: torch.Tensor, terms_w: torch.Tensor, block: QueryBlock,
+          scratch: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The (images, heads, queries, keys) bias of a block: the height term + the width term
+    over the key grid; written into ``scratch`` where given (outside autograd)."""
     bs, rs = block
-    rows_h, rows_w = rel_h[bs, :, rs, :, :, None], rel_w[bs, :, rs, :, None, :]
+    rows_h, rows_w = terms_h[bs, :, rs, :, :, None], terms_w[bs, :, rs, :, None, :]
     b, heads, rows, q_w, k_h, _ = rows_h.shape
     shape = (b, heads, rows * q_w, k_h * rows_w.shape[-1])
     if scratch is None:
         return (rows_h + rows_w).contiguous().view(shape)
-    bias = scratch[:b * heads * rows * q_w * k_h * rows_w.shape[-1]].view(b, heads, rows, q_w, k_h, -1)
-    return torch.add(rows_h, rows_w, out=bias).view(shape)
+    out = scratch[:b * heads * rows * q_w * k_h * rows_w.shape[-1]].view(b, heads, rows, q_w, k_h, -1)
+    return torch.add(rows_h, rows_w, out=out).view(shape)
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """softmax's input q.k / sqrt(C) + bias, written into ``bias``."""
+def _add_scores(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """softmax's input, q.k / sqrt(C) + bias, added into ``bias`` in place and returned."""
     b, heads, n, C = q.shape
     scores = bias.view(b * heads, n, -1)
     scores.baddbmm_(q.reshape(b * heads, n, C), k.transpose(-2, -1).reshape(b * heads, C, -1), alpha=C ** -0.5)
     return bias
 
 
+def set_rel_pos_kernel(kernel: Optional[str]):
+    """Run ``kernel`` (one of ``KERNELS``) wherever it can run, instead of ``choose_kernel``'s
+    default; None restores the default. The environment variable SRVIT_REL_POS_KERNEL sets it
+    at import."""
+    global _forced_kernel
+    if kernel is not None and kernel not in KERNELS:
+        raise ValueError(f"unknown relative-position kernel {kernel!r}: choose one of {KERNELS}, or None for the "
+                         f"default choice (choose_kernel)")
+    _forced_kernel = kernel
+
+
+_forced_kernel: Optional[str] = None
+set_rel_pos_kernel(os.environ.get("SRVIT_REL_POS_KERNEL") or None)
+
+
+def choose_kernel(device_type: str, attention_maps: int, queries: int, keys: int, dropout_p: float,
+                  needs_grad: bool) -> str:
+    """The kernel of one attention call over ``attention_maps`` (images x heads) maps of
+    (queries, keys): ``blocked`` on the CPU (the kernel tuned there) and for biases over
+    WHOLE_BIAS_ELEMENTS; elsewhere ``bias``. Attention dropout takes ``blocked`` (autograd block
+    by block), and so does ``flex`` where it cannot run (dropout; a backward on the CPU). A
+    function of the device *type*, so that the GPU's choices run (and are tested) on the CPU."""
+    if dropout_p:
+        return "blocked"
+    if _forced_kernel == "flex":
+        return "blocked" if needs_grad and device_type == "cpu" else "flex"
+    if _forced_kernel:
+        return _forced_kernel
+    return "bias" if device_type != "cpu" and attention_maps * queries * keys <= WHOLE_BIAS_ELEMENTS else "blocked"
+
+
 def uses_fused_kernel(device_type: str, dtype: torch.dtype, keys: int, dropout_p: float) -> bool:
-    """Whether the forward blocks take the fused kernel (their bias as ``attn_mask``) rather
-    than matmul-softmax-matmul: everywhere but on the CPU, and there for attention dropout, low
-    precision and grids of FUSED_MIN_KEYS keys and more. A function of the device *type*, so
-    that the GPU's choices run (and are tested) on the CPU too."""
+    """Whether the ``blocked`` kernel's forward blocks take the fused kernel (their bias as
+    ``attn_mask``) rather than matmul-softmax-matmul: everywhere but on the CPU, and there for
+    attention dropout, low precision and grids of FUSED_MIN_KEYS keys and more."""
     return bool(dropout_p) or device_type != "cpu" or keys >= FUSED_MIN_KEYS or \
         dtype not in (torch.float32, torch.float64)
 
@@ -105,17 +176,24 @@ def default_block_elements(device_type: str, fused: bool) -> int:
     return FUSED_BLOCK_ELEMENTS if fused or device_type != "cpu" else UNFUSED_BLOCK_ELEMENTS
 
 
-#: precisions whose backward is recomputed in float32 (``_RelPosAttention``)
+#: precisions whose recomputing backward keeps float32 statistics (``_RelPosAttention``)
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
-def _rel_pos_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor, rel_w: torch.Tensor,
-                     budget: Optional[int], device_type: str, dropout_p: float = 0.0,
+def backward_dtype(device_type: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the recomputing backward's matmuls: the inputs' own on a GPU (tensor cores,
+    float32 accumulation), float32 for fp16 / bf16 on the CPU, whose low-precision matmuls are
+    slow; the softmax statistics and the bias gradients are float32 in either case."""
+    return torch.float32 if device_type == "cpu" and dtype in LOW_PRECISION else dtype
+
+
+def _blocked_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms_h: torch.Tensor,
+                     terms_w: torch.Tensor, budget: Optional[int], device_type: str, dropout_p: float = 0.0,
                      autograd: bool = False) -> torch.Tensor:
     """The output block by block, in the inputs' dtype; with ``autograd``, differentiable by
     autograd (each block's bias a tensor of its own instead of the reused buffer)."""
     B, heads, N, _ = q.shape
-    q_h, q_w = rel_h.shape[2:4]
+    q_h, q_w = terms_h.shape[2:4]
     keys = k.shape[2]
     fused = uses_fused_kernel(device_type, q.dtype, keys, dropout_p)
     blocks = _query_blocks(B, heads, q_h, q_w, keys, budget or default_block_elements(device_type, fused))
@@ -124,36 +202,35 @@ def _rel_pos_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: t
     for block in blocks:
         bs, rs = block
         qs = slice(rs.start * q_w, rs.stop * q_w)
-        q_c, k_c, v_c, bias = q[bs, :, qs], k[bs], v[bs], _bias(rel_h, rel_w, block, scratch)
+        q_c, k_c, v_c, bias = q[bs, :, qs], k[bs], v[bs], _bias(terms_h, terms_w, block, scratch)
         if fused:
             out[bs, :, qs] = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=bias, dropout_p=dropout_p)
         else:
-            out[bs, :, qs] = torch.matmul(_scores(q_c, k_c, bias).softmax(-1), v_c)
+            out[bs, :, qs] = torch.matmul(_add_scores(q_c, k_c, bias).softmax(-1), v_c)
     return out
 
 
 class _RelPosAttention(torch.autograd.Function):
-    """Attention with a decomposed relative-position bias that keeps no (queries, keys) tensor
-    for the backward pass: it saves q, k, v, the per-axis terms and the output (what the fused
-    kernels keep) and recomputes each block's probabilities in ``backward``, as
-    FlashAttention does. Autograd through ``F.scaled_dot_product_attention`` with a bias that
-    needs a gradient keeps at least every block's bias instead (384 MiB per global application
-    at 1024, fp32; the test of what is saved shows it).
+    """The ``blocked`` kernel's training form: it keeps no (queries, keys) tensor for the
+    backward pass, but q, k, v, the per-axis terms and the output (what the fused kernels keep),
+    and recomputes each block's probabilities in ``backward``, as FlashAttention does. Autograd
+    through ``F.scaled_dot_product_attention`` with a bias that needs a gradient keeps at least
+    every block's bias instead (384 MiB per global application at 1024, fp32; the test of what
+    is saved shows it).
 
     Every input has one dtype (``rel_pos_attention`` casts them), and autocast is off inside
-    both passes: the forward runs in that dtype; the backward of fp16 / bf16 inputs works in
-    float32 (probabilities recomputed per block as FlashAttention keeps its softmax statistics)
-    and returns gradients in the inputs' dtype."""
+    both passes: the forward runs in that dtype, the backward's matmuls in ``backward_dtype``,
+    and the gradients return in the inputs' dtype."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rel_h, rel_w, budget: Optional[int], device_type: str):
-        dtypes = {t.dtype for t in (q, k, v, rel_h, rel_w)}
+    def forward(ctx, q, k, v, terms_h, terms_w, budget: Optional[int], device_type: str):
+        dtypes = {t.dtype for t in (q, k, v, terms_h, terms_w)}
         if len(dtypes) != 1:
             raise TypeError(f"_RelPosAttention takes inputs of one dtype, got {sorted(map(str, dtypes))}: call "
                             f"rel_pos_attention, which casts them")
         with torch.autocast(device_type=device_type, enabled=False):
-            out = _rel_pos_forward(q, k, v, rel_h, rel_w, budget, device_type)
-        ctx.save_for_backward(q, k, v, rel_h, rel_w, out)
+            out = _blocked_forward(q, k, v, terms_h, terms_w, budget, device_type)
+        ctx.save_for_backward(q, k, v, terms_h, terms_w, out)
         ctx.budget, ctx.device_type = budget, device_type
         return out
 
@@ -161,48 +238,85 @@ class _RelPosAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         saved = ctx.saved_tensors
         dtype = saved[0].dtype
-        work = torch.float32 if dtype in LOW_PRECISION else dtype
+        work = backward_dtype(ctx.device_type, dtype)
         with torch.autocast(device_type=ctx.device_type, enabled=False):
-            grads = _rel_pos_backward(*(t.to(work) for t in saved), grad_out.to(work), ctx.budget, ctx.device_type)
+            grads = _blocked_backward(*(t.to(work) for t in saved), grad_out.to(work), ctx.budget, ctx.device_type)
         return (*(g.to(dtype) for g in grads), None, None)
 
 
-def _rel_pos_backward(q, k, v, rel_h, rel_w, out, grad_out, budget: Optional[int], device_type: str):
+def _blocked_backward(q, k, v, terms_h, terms_w, out, grad_out, budget: Optional[int], device_type: str):
     """The gradients of q, k, v and the per-axis terms, block by block, each block's
-    probabilities recomputed from q, k and the terms."""
+    probabilities recomputed from q, k and the terms. Matmuls run in the inputs' dtype; for
+    fp16 / bf16 inputs the probabilities, their gradient and the terms' gradients are float32
+    (FlashAttention's split), cast down only to enter a matmul."""
     B, heads, N, C = q.shape
-    q_h, q_w, k_h = rel_h.shape[2:]
+    q_h, q_w, k_h = terms_h.shape[2:]
     keys = k.shape[2]
+    stats = torch.promote_types(q.dtype, torch.float32)
+    low = stats != q.dtype
     grad_out = grad_out.contiguous()
     blocks = _query_blocks(B, heads, q_h, q_w, keys, budget or default_block_elements(device_type, fused=False))
     # blocks of grid rows share their images' keys: their dk, dv add up; whole images' are written once
     accumulate = blocks[0][1].stop < q_h
     new, zeros_or_empty = dict(dtype=q.dtype, device=q.device), torch.zeros if accumulate else torch.empty
     dq, dk, dv = torch.empty(q.shape, **new), zeros_or_empty(k.shape, **new), zeros_or_empty(v.shape, **new)
-    drel_h, drel_w = torch.empty(rel_h.shape, **new), torch.empty(rel_w.shape, **new)
-    delta = (grad_out * out).sum(-1, keepdim=True)
+    dterms_h = torch.empty(terms_h.shape, dtype=stats, device=q.device)
+    dterms_w = torch.empty(terms_w.shape, dtype=stats, device=q.device)
+    delta = (grad_out.to(stats) * out.to(stats)).sum(-1, keepdim=True)
     scratch = _scratch(q, blocks, heads, q_w, keys)
     for block in blocks:
         bs, rs = block
         qs = slice(rs.start * q_w, rs.stop * q_w)
         q_c, k_c, v_c, go = q[bs, :, qs], k[bs], v[bs], grad_out[bs, :, qs]
         b, h, n = q_c.shape[:3]
-        probs = _scores(q_c, k_c, _bias(rel_h, rel_w, block, scratch)).softmax(-1)
-        dv[bs].view(b * h, keys, -1).baddbmm_(probs.view(b * h, n, keys).transpose(1, 2), go.reshape(b * h, n, -1),
-                                             beta=int(accumulate))
-        dscores = torch.matmul(go, v_c.transpose(-2, -1)).sub_(delta[bs, :, qs]).mul_(probs)
+        probs = _add_scores(q_c, k_c, _bias(terms_h, terms_w, block, scratch)).softmax(-1, dtype=stats)
+        dv[bs].view(b * h, keys, -1).baddbmm_(probs.to(q.dtype).view(b * h, n, keys).transpose(1, 2),
+                                             go.reshape(b * h, n, -1), beta=int(accumulate))
+        dscores = torch.matmul(go, v_c.transpose(-2, -1)).to(stats).sub_(delta[bs, :, qs]).mul_(probs)
         del probs
-        dscores_bmm = dscores.view(b * h, n, keys)
+        dscores_mm = dscores.to(q.dtype) if low else dscores
+        dscores_bmm = dscores_mm.view(b * h, n, keys)
         if accumulate:  # the block's rows of dq are strided over heads: a matmul into them is slower
-            dq[bs, :, qs] = torch.matmul(dscores, k_c).mul_(C ** -0.5)
+            dq[bs, :, qs] = torch.matmul(dscores_mm, k_c).mul_(C ** -0.5)
         else:
             dq[bs].view(b * h, n, C).baddbmm_(dscores_bmm, k_c.reshape(b * h, keys, C), beta=0, alpha=C ** -0.5)
         dk[bs].view(b * h, keys, C).baddbmm_(dscores_bmm.transpose(1, 2), q_c.reshape(b * h, n, C),
                                              beta=int(accumulate), alpha=C ** -0.5)
         dscores = dscores.view(b, h, rs.stop - rs.start, q_w, k_h, -1)
-        torch.sum(dscores, -1, out=drel_h[bs, :, rs])
-        torch.sum(dscores, -2, out=drel_w[bs, :, rs])
-    return dq, dk, dv, drel_h, drel_w
+        torch.sum(dscores, -1, out=dterms_h[bs, :, rs])
+        torch.sum(dscores, -2, out=dterms_w[bs, :, rs])
+    return dq, dk, dv, dterms_h, dterms_w
+
+
+def _whole_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms_h: torch.Tensor,
+                          terms_w: torch.Tensor) -> torch.Tensor:
+    """The ``bias`` kernel: one fused call with the whole (images, heads, queries, keys) bias,
+    which autograd differentiates (and keeps)."""
+    B, heads, N, _ = q.shape
+    bias = (terms_h[..., :, None] + terms_w[..., None, :]).reshape(B, heads, N, -1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+@functools.lru_cache(maxsize=None)
+def _flex_attention(compiled: bool):
+    """``flex_attention``, compiled where it runs for speed (eager flex materialises the scores)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+
+
+def _flex_rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms_h: torch.Tensor,
+                            terms_w: torch.Tensor, device_type: str) -> torch.Tensor:
+    """The ``flex`` kernel: the per-axis terms added in ``flex_attention``'s ``score_mod``
+    (gradients reach them on a GPU; flex has no backward on the CPU, where it runs eagerly)."""
+    B, heads, N, _ = q.shape
+    k_w = terms_w.shape[-1]
+    rows, cols = terms_h.reshape(B, heads, N, -1), terms_w.reshape(B, heads, N, -1)
+
+    def add_terms(score, b, h, q_idx, kv_idx):
+        return score + rows[b, h, q_idx, kv_idx // k_w] + cols[b, h, q_idx, kv_idx % k_w]
+
+    return _flex_attention(device_type != "cpu")(q, k, v, score_mod=add_terms)
 
 
 def attention_dtype(device_type: str, *tensors: torch.Tensor) -> torch.dtype:
@@ -220,21 +334,21 @@ def attention_dtype(device_type: str, *tensors: torch.Tensor) -> torch.dtype:
 @register_notrace_function
 def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos_h: torch.Tensor,
                       rel_pos_w: torch.Tensor, size: Tuple[int, int], dropout_p: float = 0.0,
-                      block_elements: Optional[int] = None, device_type: Optional[str] = None) -> torch.Tensor:
+                      block_elements: Optional[int] = None, device_type: Optional[str] = None,
+                      kernel: Optional[str] = None) -> torch.Tensor:
     """Attention over (B, heads, h*w, C) tokens of a (h, w) grid with ViTDet's decomposed
     relative positions (MViTv2's ``add_decomposed_rel_pos``: the bias of query i and key j is
-    q_i . R_h[row_i - row_j] + q_i . R_w[col_i - col_j]). timm's
-    ``get_decomposed_rel_pos_bias`` builds the whole (queries, keys) bias at once; here the
-    per-axis terms are computed once and the bias is expanded for blocks of whole grid rows
+    q_i . R_h[row_i - row_j] + q_i . R_w[col_i - col_j]). The per-axis terms are computed once;
+    ``kernel`` (default: ``choose_kernel``'s) says how the bias meets the scores (see
+    ``KERNELS``). The ``blocked`` kernel expands it for blocks of whole grid rows
     (``block_elements`` scores at most; by default ``default_block_elements``), so a global
     application at 1024 never holds a 4096x4096 bias per head, and training keeps none
     (``_RelPosAttention``, in every precision). Attention dropout takes autograd through the
     fused kernel, block by block.
 
     The inputs are cast to ``attention_dtype`` (autocast's where it is on). ``device_type``
-    (default: the inputs') chooses the kernel and block sizes (``uses_fused_kernel``,
-    ``default_block_elements``): 'cuda' on CPU tensors runs the GPU's choices on the CPU.
-    A leaf for FX: the blocks are a Python loop over the grid's size."""
+    (default: the inputs') chooses the kernel and block sizes: 'cuda' on CPU tensors runs the
+    GPU's choices on the CPU. A leaf for FX: the blocks are a Python loop over the grid's size."""
     device_type = device_type or q.device.type
     dtype = attention_dtype(device_type, q, k, v)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
@@ -243,9 +357,14 @@ def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos
     r_q = q.reshape(B, heads, q_h, q_w, C)
     with torch.autocast(device_type=device_type, enabled=False):
         # contiguous (einsum returns them permuted), so that each block's bias is made in one pass
-        rel_h = torch.einsum("bnhwc,hkc->bnhwk", r_q, get_rel_pos(q_h, q_h, rel_pos_h).to(dtype)).contiguous()
-        rel_w = torch.einsum("bnhwc,wkc->bnhwk", r_q, get_rel_pos(q_w, q_w, rel_pos_w).to(dtype)).contiguous()
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rel_h, rel_w))
+        terms_h = torch.einsum("bnhwc,hkc->bnhwk", r_q, rel_pos_lookup(q_h, rel_pos_h).to(dtype)).contiguous()
+        terms_w = torch.einsum("bnhwc,wkc->bnhwk", r_q, rel_pos_lookup(q_w, rel_pos_w).to(dtype)).contiguous()
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, terms_h, terms_w))
+        kernel = kernel or choose_kernel(device_type, B * heads, N, k.shape[2], dropout_p, needs_grad)
+        if kernel == "bias" and not dropout_p:
+            return _whole_bias_attention(q, k, v, terms_h, terms_w)
+        if kernel == "flex" and not dropout_p:
+            return _flex_rel_pos_attention(q, k, v, terms_h, terms_w, device_type)
         if needs_grad and not dropout_p:
-            return _RelPosAttention.apply(q, k, v, rel_h, rel_w, block_elements, device_type)
-        return _rel_pos_forward(q, k, v, rel_h, rel_w, block_elements, device_type, dropout_p, autograd=needs_grad)
+            return _RelPosAttention.apply(q, k, v, terms_h, terms_w, block_elements, device_type)
+        return _blocked_forward(q, k, v, terms_h, terms_w, block_elements, device_type, dropout_p, autograd=needs_grad)

@@ -1,0 +1,169 @@
+"""The relative-position attention kernels (``blocked``, ``bias``, ``flex``) against
+detectron2's own formula (``add_decomposed_rel_pos`` on materialised scores), each run here on
+the CPU, the GPU's choices included (``device_type='cuda'`` on CPU tensors); which kernel runs
+where; the index made once per extent; ``block(x)`` on every block a model builds."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from srvit_backbones import SRViT
+from srvit_backbones.models import apply_block, rel_pos
+from srvit_backbones.models.rel_pos import choose_kernel, rel_pos_attention, rel_pos_lookup, set_rel_pos_kernel
+
+from helpers import load_tool
+
+#: ViTDet's attention on materialised scores (detectron2's ``add_decomposed_rel_pos``): the reference
+detectron2_attention = load_tool("benchmark").detectron2_formula
+
+#: (grid, images) of the cases: 2 images of a 5x7 grid, 6 windows of 4x4
+CASES = {"global": ((5, 7), 2), "windows": ((4, 4), 6)}
+
+
+def inputs(case, dtype=torch.float32, table_rows=None):
+    (h, w), images = CASES[case]
+    g = torch.Generator().manual_seed(0)
+    qkv = [torch.randn(images, 2, h * w, 8, generator=g) for _ in range(3)]
+    rows_h, rows_w = table_rows or (2 * h - 1, 2 * w - 1)
+    tables = [torch.randn(rows_h, 8, generator=g).mul_(0.5), torch.randn(rows_w, 8, generator=g).mul_(0.5)]
+    return [t.to(dtype).requires_grad_() for t in qkv + tables], (h, w)
+
+
+def grads_of(out, tensors, seed=1):
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
+    return torch.autograd.grad((out.float() * weights).sum(), tensors)
+
+
+def cosine(a, b):
+    return F.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0).item()
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("kernel,device_type", [("blocked", "cpu"), ("blocked", "cuda"), ("bias", "cpu"),
+                                                ("bias", "cuda"), (None, "cuda")])
+@pytest.mark.parametrize("resized", [False, True], ids=["own_tables", "resized_tables"])
+def test_every_kernel_equals_detectron2_in_fp32(case, kernel, device_type, resized):
+    """Forward to 1e-5 and every input's gradient (q, k, v and both tables) to 1e-5, also with
+    tables of another length (interpolated as ViTDet does)."""
+    tensors, size = inputs(case, table_rows=(5, 9) if resized else None)
+    expected = detectron2_attention(*tensors, size)
+    got = rel_pos_attention(*tensors, size, kernel=kernel, device_type=device_type, block_elements=200)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads_of(got, tensors), grads_of(expected, tensors)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("kernel,device_type", [("blocked", "cpu"), ("blocked", "cuda"), ("bias", "cuda")])
+def test_every_kernel_in_low_precision_agrees_with_detectron2_in_fp32(case, kernel, device_type, dtype):
+    """fp16 / bf16 inputs: outputs and gradients by cosine against the fp32 formula, in the
+    inputs' dtype; the GPU's recomputing backward (matmuls in the inputs' dtype, float32
+    statistics) runs here with ``device_type='cuda'``."""
+    tensors, size = inputs(case)
+    expected = detectron2_attention(*tensors, size)
+    low = [t.detach().to(dtype).requires_grad_() for t in tensors]
+    got = rel_pos_attention(*low, size, kernel=kernel, device_type=device_type, block_elements=200)
+    assert got.dtype == dtype
+    assert cosine(got, expected) > 0.999
+    for g, t, e in zip(grads_of(got, low), low, grads_of(expected, tensors)):
+        assert g.dtype == dtype and cosine(g, e) > 0.99
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_flex_forward_equals_detectron2(case):
+    """``flex_attention`` with the per-axis terms in its ``score_mod`` (eager on the CPU, where
+    it has no backward): the forward to 1e-5."""
+    tensors, size = inputs(case)
+    tensors = [t.detach() for t in tensors]
+    torch.testing.assert_close(rel_pos_attention(*tensors, size, kernel="flex"), detectron2_attention(*tensors, size),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_the_kernel_is_chosen_by_device_type_sizes_and_the_switch(monkeypatch):
+    """The CPU keeps the kernel tuned there; a GPU attends with the whole bias where it is
+    small (windows) and block by block where it is not (a global grid at 1024); dropout takes
+    autograd block by block; the ``flex`` switch applies where flex can run."""
+    window, global_1024 = (50 * 6, 196, 196), (2 * 6, 4096, 4096)
+    assert choose_kernel("cpu", *window, 0.0, True) == choose_kernel("cpu", *global_1024, 0.0, True) == "blocked"
+    assert choose_kernel("cuda", *window, 0.0, True) == "bias"
+    assert choose_kernel("cuda", *global_1024, 0.0, True) == "blocked"
+    assert choose_kernel("cuda", *window, 0.1, True) == "blocked"
+    monkeypatch.setattr(rel_pos, "_forced_kernel", None)
+    set_rel_pos_kernel("flex")
+    assert choose_kernel("cuda", *global_1024, 0.0, True) == "flex"
+    assert choose_kernel("cpu", *window, 0.0, False) == "flex"
+    assert choose_kernel("cpu", *window, 0.0, True) == "blocked"  # no flex backward on the CPU
+    assert choose_kernel("cuda", *window, 0.1, True) == "blocked"  # no dropout in flex
+    set_rel_pos_kernel(None)
+    with pytest.raises(ValueError, match=r"unknown relative-position kernel 'fast'.*choose one of \('blocked', 'bias', 'flex'\)"):
+        set_rel_pos_kernel("fast")
+
+
+def test_on_a_gpu_only_small_biases_are_kept_for_the_backward(monkeypatch):
+    """Memory: the ``bias`` kernel keeps its (maps, queries, keys) bias for the backward, so
+    the GPU takes it only under WHOLE_BIAS_ELEMENTS; above, the recomputing backward keeps no
+    (queries, keys) tensor, in fp32 and fp16."""
+    tensors, size = inputs("global")
+    maps, keys = 2 * 2, 35
+
+    def largest_saved(dtype):
+        sizes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+            rel_pos_attention(*[t.detach().to(dtype).requires_grad_() for t in tensors], size, device_type="cuda")
+        return max(sizes)
+
+    assert largest_saved(torch.float32) >= maps * 35 * keys  # under the limit: the whole bias, kept
+    monkeypatch.setattr(rel_pos, "WHOLE_BIAS_ELEMENTS", maps * 35 * keys - 1)
+    for dtype in (torch.float32, torch.float16):
+        assert largest_saved(dtype) <= tensors[0].numel()  # q, k, v, the per-axis terms, the output
+
+
+def test_blocks_of_grid_rows_span_several_images():
+    """Where an image's scores do not fit a block, a block takes the same rows of as many images
+    as fit (fewer launches on a GPU), and the result is unchanged."""
+    per_row = 2 * 7 * 35  # heads x row length x keys
+    assert rel_pos._query_blocks(3, 2, 5, 7, 35, 4 * per_row) == [(slice(0, 3), slice(r, r + 1)) for r in range(5)]
+    assert rel_pos._query_blocks(3, 2, 5, 7, 35, 2 * per_row)[:3] == [(slice(0, 2), slice(r, r + 1)) for r in range(3)]
+    tensors, size = inputs("global")
+    got = rel_pos_attention(*tensors, size, kernel="blocked", block_elements=2 * per_row)
+    torch.testing.assert_close(got, detectron2_attention(*tensors, size), rtol=1e-5, atol=1e-5)
+
+
+def test_the_relative_index_is_made_once_per_extent_on_the_tables_device():
+    """No host index per call: the offsets of an extent are made once, on the table's device
+    (a meta table gets a meta index, so nothing was made on the host)."""
+    rel_pos._cached_offsets.cache_clear()
+    table = torch.randn(13, 4)
+    first, again = rel_pos_lookup(7, table), rel_pos_lookup(7, table)
+    assert torch.equal(first, again) and rel_pos._cached_offsets.cache_info().misses == 1
+    assert rel_pos_lookup(7, torch.empty(13, 4, device="meta")).device.type == "meta"
+    assert rel_pos._cached_offsets.cache_info().misses == 2
+    from timm.models.vision_transformer_sam import get_rel_pos
+
+    for rows in (13, 5, 21):  # its own length, and tables interpolated to 13 rows
+        t = torch.randn(rows, 4)
+        torch.testing.assert_close(rel_pos_lookup(7, t), get_rel_pos(7, 7, t))
+
+
+def test_every_block_of_a_windowed_model_runs_as_a_timm_block():
+    """``block(x)`` (timm ``Block.forward``, ``attn(x, attn_mask=None)``) works on every block:
+    on a square grid it attends as the block's own applications do (globally where it has global
+    tables, else in its windows); a grid that is not square is refused, naming ``grid``."""
+    torch.manual_seed(0)
+    model = SRViT(img_size=64, patch_size=16, embed_dim=32, num_heads=2, layout=(2, 1), num_steps=2,
+                  window_size=2, use_rel_pos=True).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    x = torch.randn(2, 16, 32)
+    seen = set()
+    for unit, apps in enumerate(model.units):
+        for j, block in enumerate(apps.blocks):
+            window, has_global = model.schedule.extents(unit, j)
+            own = 0 if has_global else window
+            seen.add(own)
+            with torch.no_grad():
+                torch.testing.assert_close(block(x), apply_block(block, x, 0.0, False, (4, 4), own))
+    assert seen == {0, 2}
+    with pytest.raises(ValueError, match="15 tokens do not form a square patch grid: pass grid"):
+        model.units[0].blocks[0].attn(torch.randn(1, 15, 32))
