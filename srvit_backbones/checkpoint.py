@@ -351,6 +351,26 @@ def _inside_unexpected(unexpected: List[str], model: nn.Module) -> List[str]:
     return inside
 
 
+def require_fit(weights: Mapping[str, torch.Tensor], model: nn.Module, source: str, what: str) -> LoadReport:
+    """A trained whole model's weights (a detector's, a segmentor's), as they are, against ``model``:
+    the ``LoadReport`` when every tensor fits, else a ``CheckpointError`` listing a few names of each
+    kind that does not (the frameworks' loaders only log a partial load). ``source`` and ``what``
+    name the checkpoint and the model in the message."""
+    model_sd = model.state_dict()
+    report = LoadReport(mismatched=[k for k, v in weights.items() if k in model_sd and v.shape != model_sd[k].shape])
+    report.missing = [k for k in model_sd if k not in weights]
+    report.unexpected = [k for k in weights if k not in model_sd]
+    report.loaded = [k for k in weights if k in model_sd and k not in report.mismatched]
+    if not report.complete:
+        shapes = [f"{k} {tuple(weights[k].shape)} vs {tuple(model_sd[k].shape)}" for k in report.mismatched]
+        problems = [f"{kind} ({len(keys)}): " + ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
+                    for kind, keys in (("another shape, checkpoint vs model", shapes),
+                                       ("missing from the checkpoint", report.missing),
+                                       ("not in the model", report.unexpected)) if keys]
+        raise CheckpointError(f"{source} does not fit {what}:\n  " + "\n  ".join(problems))
+    return report
+
+
 def load_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Any]], prefer_ema: bool = False,
                     allow_partial: bool = False, prefix: Optional[str] = None, allow_shape_mismatch: bool = False,
                     log: Optional[logging.Logger] = None, vit_blocks: Optional[Sequence[int]] = None) -> LoadReport:

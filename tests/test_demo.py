@@ -115,6 +115,33 @@ def test_score_threshold_is_the_lowest_score_returned(d2_run):
     assert torch.equal(median, low[low > low.median()])
 
 
+def test_lazyconfig_predictor_predicts_as_the_evaluation_does(d2_run):
+    """srvit_backbones.detectron2's DefaultPredictor for LazyConfigs, on a BGR image, returns what
+    the model returns on the config's test DatasetMapper output (what tools/train_net.py
+    evaluates), with the test dataset's metadata."""
+    from detectron2.config import LazyConfig, instantiate
+    from detectron2.data import detection_utils
+
+    from srvit_backbones.detectron2.predictor import LazyConfigPredictor
+
+    folder, names = d2_val_images(d2_run)
+    cfg = LazyConfig.apply_overrides(LazyConfig.load(D2_QUICKSTART), TEST_SIZE)
+    cfg.model.roi_heads.box_predictor.test_score_thresh = LOW
+    weights = torch.load(d2_run / "out" / "model_final.pth", map_location="cpu", weights_only=True)["model"]
+    predictor = LazyConfigPredictor(cfg, weights)
+    assert predictor.metadata.name == "coco_2017_val"
+    path = str(folder / names[0])
+    ours = predictor(detection_utils.read_image(path, format="BGR"))["instances"]
+    image = detection_utils.read_image(path, format="RGB")
+    sample = instantiate(cfg.dataloader.test.mapper)(dict(file_name=path, height=image.shape[0],
+                                                          width=image.shape[1], image_id=0))
+    with torch.no_grad():
+        theirs = predictor.model([sample])[0]["instances"]
+    assert len(ours) > 0 and torch.equal(ours.scores, theirs.scores)
+    assert torch.equal(ours.pred_boxes.tensor, theirs.pred_boxes.tensor)
+    assert torch.equal(ours.pred_masks, theirs.pred_masks)
+
+
 def test_segmentor_checkpoint_without_dataset_meta_takes_the_configs_classes(seg_run, tmp_path):
     """A checkpoint with weights only (no mmengine meta) is drawn with the classes and palette of
     the config's test dataset, not mmseg's Cityscapes default."""
@@ -124,7 +151,11 @@ def test_segmentor_checkpoint_without_dataset_meta_takes_the_configs_classes(seg
     assert saved["meta"]["dataset_meta"]["classes"] == ADE20KDataset.METAINFO["classes"]
     torch.save({"state_dict": saved["state_dict"]}, tmp_path / "weights.pth")
     segmentor = load_tool("demo").MMSegDemo(SEG_QUICKSTART, str(tmp_path / "weights.pth"))
-    assert segmentor.visualizer.dataset_meta == {k: ADE20KDataset.METAINFO[k] for k in ("classes", "palette")}
+    ade20k = {k: ADE20KDataset.METAINFO[k] for k in ("classes", "palette")}
+    assert segmentor.inferencer.model.dataset_meta == ade20k
+    segmentor.predict(str(next((seg_run / "datasets" / "ade" / "ADEChallengeData2016" / "images" / "validation")
+                               .iterdir())))
+    assert segmentor.inferencer.visualizer.dataset_meta == ade20k  # what MMSegInferencer draws with
 
 
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16 (AVX512-BF16 or AMX)")
@@ -139,20 +170,19 @@ def test_amp_on_the_cpu_runs_bf16(d2_run, seg_run):
 
     detector = demo.Detectron2Demo(D2_QUICKSTART, str(d2_run / "out" / "model_final.pth"), amp=True,
                                    score_threshold=LOW, opts=TEST_SIZE)
-    detector.model.backbone.net.srvit.units[1].blocks[0].attn.qkv.register_forward_hook(record)
-    image, instances = detector.predict(str(folder / names[0]))
+    detector.predictor.model.backbone.net.srvit.units[1].blocks[0].attn.qkv.register_forward_hook(record)
+    drawn, instances = detector.predict(str(folder / names[0]))
     assert dtypes and set(dtypes) == {torch.bfloat16}
     assert len(instances) and instances.scores.dtype == instances.pred_boxes.tensor.dtype == torch.float32
-    assert detector.draw(image, instances).shape == image.shape
+    assert drawn.shape == rgb(folder / names[0]).shape
 
     dtypes.clear()
     segmentor = demo.MMSegDemo(SEG_QUICKSTART, str(seg_run / "work" / "iter_4.pth"), amp=True)
-    segmentor.model.backbone.srvit.units[1].blocks[0].attn.qkv.register_forward_hook(record)
+    segmentor.inferencer.model.backbone.srvit.units[1].blocks[0].attn.qkv.register_forward_hook(record)
     path = next((seg_run / "datasets" / "ade" / "ADEChallengeData2016" / "images" / "validation").iterdir())
-    image, labels = segmentor.predict(str(path))
+    drawn, labels = segmentor.predict(str(path))
     assert dtypes and set(dtypes) == {torch.bfloat16}
-    assert labels.shape == image.shape[:2]
-    assert segmentor.draw(image, labels).shape == image.shape
+    assert labels.shape == drawn.shape[:2] == rgb(path).shape[:2]
 
 
 def test_amp_without_native_bf16_is_explained(d2_run, tmp_path, monkeypatch):

@@ -637,7 +637,7 @@ def test_demo_and_plot_curves_read_mmdet(coco_root, trained, tmp_path, monkeypat
     assert all(r["score"] > 0.05 and len(r["bbox"]) == 4 and "counts" in r["segmentation"] for r in results)
     demo_model = demo.build_demo(demo.parse_args([QUICKSTART, "--checkpoint", os.path.join(work, f"iter_{ITERS}.pth"),
                                                   "--input", images, "--output", str(tmp_path), "--opts", *opts]))
-    classes = demo_model.model.dataset_meta["classes"]  # labels map to the annotation file's ids by name
+    classes = demo_model.inferencer.model.dataset_meta["classes"]  # labels map to the annotation file's ids by name
     assert [demo_model.category_ids[classes.index(n)] for n in ("sports ball", "tv", "kite")] == [37, 72, 38]
 
     plot = load_tool("plot_curves")

@@ -1,8 +1,10 @@
 #!/usr/bin/env python
-"""Draw a trained SR-ViT model's predictions on images: Mask R-CNN instances with detectron2's
-``Visualizer`` or mmdet's ``DetLocalVisualizer``, segmentation maps with mmseg's
-``SegLocalVisualizer``. It reads our LazyConfigs (detectron2's own demo/demo.py reads only yacs
-configs), mmdet and mmseg configs, by path or by shipped name; the framework follows from the config.
+"""Draw a trained SR-ViT model's predictions on images with each framework's own inference API:
+detectron2's ``DefaultPredictor`` (for our LazyConfigs: detectron2's demo/demo.py reads only yacs
+configs) and ``Visualizer``, mmdet's ``DetInferencer``, mmseg's ``MMSegInferencer``. It reads
+LazyConfigs, mmdet and mmseg configs, by path or by shipped name; the framework follows from the
+config. Added to them: the checkpoint must fit the model entirely (a ``LoadReport`` of what does
+not, instead of a logged partial load), ``--save-raw`` and ``--amp`` (bf16 on a CPU with native bf16).
 
     python tools/demo.py detectron2_configs/quickstart/mask_rcnn_srvit_tiny_cpu.py \\
         --checkpoint output/quickstart_detectron2/model_final.pth --input datasets/coco/val2017 \\
@@ -19,6 +21,7 @@ with --save-raw, OUTPUT/predictions.json (detection: COCO results, RLE masks, da
 ids) or OUTPUT/labels/NAME.png (segmentation: the class index of every pixel).
 """
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -30,7 +33,7 @@ from PIL import Image
 from tqdm import tqdm
 
 import srvit_backbones
-from srvit_backbones.amp import amp_dtype, autocast
+from srvit_backbones.amp import amp_dtype
 from srvit_backbones.checkpoint import CheckpointError, read_checkpoint
 
 # where a checkpoint that fits comes from
@@ -155,28 +158,24 @@ def read_weights(checkpoint, key, framework):
     return obj, weights
 
 
-def refuse_unless_fits(checkpoint, framework, incorrect_shapes, missing, unexpected):
-    """A SystemExit listing what of ``checkpoint`` does not fit the model (a few names of each
-    kind), unless nothing: the frameworks' loaders only log a partial load."""
-    shapes = [f"{k} {tuple(a)} vs {tuple(b)}" for k, a, b in incorrect_shapes]
-    missing = [k for k in missing if k not in {k for k, _, _ in incorrect_shapes}]
-    problems = [f"{what} ({len(keys)}): " + ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
-                for what, keys in (("another shape, checkpoint vs model", shapes),
-                                   ("missing from the checkpoint", missing), ("not in the model", unexpected)) if keys]
-    if problems:
-        raise SystemExit(f"--checkpoint {checkpoint} does not fit the {framework} config's model:\n  "
-                         + "\n  ".join(problems) + f"\nFix: {FIX[framework]}")
+@contextlib.contextmanager
+def refused_unless_it_fits(framework):
+    """A checkpoint that does not fit the model entirely (``require_fit``'s CheckpointError) as a
+    SystemExit that says where one that fits comes from."""
+    try:
+        yield
+    except CheckpointError as e:
+        raise SystemExit(f"--checkpoint {e}\nFix: {FIX[framework]}") from None
 
 
 class Detectron2Demo:
-    """A LazyConfig detector with every weight of its checkpoint loaded, the test-time resize of
-    its config and its dataset's metadata (class names, category ids)."""
+    """detectron2's ``DefaultPredictor`` (``srvit_backbones.detectron2.predictor``, for
+    LazyConfigs) and ``Visualizer``, with its test dataset's metadata (class names, category ids)."""
 
     def __init__(self, config, checkpoint, device="cpu", amp=False, score_threshold=0.5, opts=()):
-        from detectron2.checkpoint import DetectionCheckpointer
-        from detectron2.config import LazyConfig, instantiate
-        from detectron2.data import MetadataCatalog
-        from detectron2.data import transforms as T
+        from detectron2.config import LazyConfig
+
+        from srvit_backbones.detectron2.predictor import LazyConfigPredictor
 
         cfg = LazyConfig.load(config)
         if "model" not in cfg:
@@ -185,47 +184,27 @@ class Detectron2Demo:
         cfg = LazyConfig.apply_overrides(cfg, list(opts))
         cfg.model.roi_heads.box_predictor.test_score_thresh = score_threshold  # what the detector returns at all
         _, weights = read_weights(checkpoint, "model", "detectron2")
-        self.model = instantiate(cfg.model).to(device).eval()
-        # detectron2's checkpointer matches the weights; it only logs what does not fit
-        bad = DetectionCheckpointer(self.model)._load_model({"model": weights})
-        refuse_unless_fits(checkpoint, "detectron2", bad.incorrect_shapes, bad.missing_keys, bad.unexpected_keys)
-        self.device, self.amp = device, amp
-        self.augmentations = T.AugmentationList(instantiate(cfg.dataloader.test.mapper.augmentations))
-        self.image_format = cfg.dataloader.test.mapper.image_format
-        names = cfg.dataloader.test.dataset.names
-        self.metadata = MetadataCatalog.get(names if isinstance(names, str) else names[0])
+        with refused_unless_it_fits("detectron2"):
+            self.predictor = LazyConfigPredictor(cfg, weights, device, amp, source=checkpoint)
 
-    @torch.no_grad()
     def predict(self, path):
-        """(RGB image, Instances scoring above the threshold, in the image's pixels, float32 on the CPU)."""
+        """(the image with its predictions drawn, the Instances scoring above the threshold, in
+        the image's pixels)."""
         from detectron2.data import detection_utils
-        from detectron2.data import transforms as T
-
-        image = detection_utils.read_image(path, format=self.image_format)
-        aug = T.AugInput(image)
-        self.augmentations(aug)
-        inputs = {"image": torch.as_tensor(np.ascontiguousarray(aug.image.transpose(2, 0, 1))).to(self.device),
-                  "height": image.shape[0], "width": image.shape[1]}
-        with autocast(self.device, self.amp):
-            instances = self.model([inputs])[0]["instances"].to("cpu")
-        for name, value in instances.get_fields().items():  # bf16/fp16 under --amp
-            if torch.is_tensor(value) and value.is_floating_point():
-                instances.set(name, value.float())
-            elif hasattr(value, "tensor") and value.tensor.is_floating_point():
-                value.tensor = value.tensor.float()
-        return detection_utils.convert_image_to_rgb(image, self.image_format), instances
-
-    def draw(self, image, instances):
         from detectron2.utils.visualizer import ColorMode, Visualizer
 
-        return Visualizer(image, self.metadata, instance_mode=ColorMode.IMAGE) \
+        image = detection_utils.read_image(path, format="BGR")  # what DefaultPredictor takes
+        instances = self.predictor(image)["instances"]
+        drawn = Visualizer(image[:, :, ::-1], self.predictor.metadata, instance_mode=ColorMode.IMAGE) \
             .draw_instance_predictions(instances).get_image()
+        return drawn, instances
 
     def raw(self, instances, image_id, file_name):
         """COCO results (XYWH boxes, RLE masks) with the dataset's category ids."""
         from detectron2.evaluation.coco_evaluation import instances_to_coco_json
 
-        to_dataset_id = {v: k for k, v in getattr(self.metadata, "thing_dataset_id_to_contiguous_id", {}).items()}
+        metadata = self.predictor.metadata
+        to_dataset_id = {v: k for k, v in getattr(metadata, "thing_dataset_id_to_contiguous_id", {}).items()}
         results = instances_to_coco_json(instances, image_id)
         for r in results:
             r["category_id"] = to_dataset_id.get(r["category_id"], r["category_id"])
@@ -245,45 +224,21 @@ def openmmlab_config(config, opts):
     return cfg
 
 
-def load_openmmlab_checkpoint(model, checkpoint, framework):
-    """Load every weight of an mmengine checkpoint into ``model`` or refuse, listing what does not
-    fit (mmengine's loader only logs it); returns the checkpoint object."""
-    from mmengine.runner.checkpoint import _load_checkpoint_to_model
-
-    ckpt, weights = read_weights(checkpoint, "state_dict", framework)
-    own = model.state_dict()
-    weights = {re.sub(r"^module\.", "", k): v for k, v in weights.items()}  # as mmengine's loader
-    shapes = [(k, v.shape, own[k].shape) for k, v in weights.items() if k in own and v.shape != own[k].shape]
-    refuse_unless_fits(checkpoint, framework, shapes, [k for k in own if k not in weights],
-                       [k for k in weights if k not in own])
-    _load_checkpoint_to_model(model, ckpt, strict=True)
-    return ckpt
-
-
 class MMDetDemo:
-    """An mmdet detector with its checkpoint loaded strictly, its dataset's classes and palette
-    (from the checkpoint's meta, else from the config's test dataset) and category ids (from the
-    test annotation file when it is there)."""
+    """mmdet's ``DetInferencer`` (``srvit_backbones.mmdet.inference``), which draws with
+    ``DetLocalVisualizer``, and the category ids of the test annotation file when it is there."""
 
     def __init__(self, config, checkpoint, device="cpu", amp=False, score_threshold=0.5, opts=()):
-        from mmdet.apis import init_detector
-        from mmdet.registry import DATASETS
-        from mmdet.visualization import DetLocalVisualizer
-
-        import srvit_backbones.mmdet  # noqa: F401  (SRViT registered, mmengine checkpoints readable)
+        from srvit_backbones.mmdet.inference import SRViTDetInferencer
 
         cfg = openmmlab_config(config, opts)
         if (cfg.model.get("test_cfg") or {}).get("rcnn") is not None:
             cfg.model.test_cfg.rcnn.score_thr = score_threshold  # what the detector returns at all
-        self.model = init_detector(cfg, None, device=device)
-        ckpt = load_openmmlab_checkpoint(self.model, checkpoint, "mmdet")
-        dataset = cfg.test_dataloader.dataset
-        meta = (ckpt.get("meta") or {}).get("dataset_meta") or DATASETS.get(dataset.type).METAINFO
-        self.model.dataset_meta = meta
-        self.visualizer = DetLocalVisualizer(name=f"srvit_demo_{id(self)}")
-        self.visualizer.dataset_meta = meta
-        self.category_ids = self._category_ids(cfg, meta["classes"])
-        self.device, self.amp, self.score_threshold = device, amp, score_threshold
+        ckpt, _ = read_weights(checkpoint, "state_dict", "mmdet")
+        with refused_unless_it_fits("mmdet"):
+            self.inferencer = SRViTDetInferencer(cfg, ckpt, checkpoint, device=device, amp=amp)
+        self.category_ids = self._category_ids(cfg, self.inferencer.model.dataset_meta["classes"])
+        self.score_threshold = score_threshold
 
     @staticmethod
     def _category_ids(cfg, classes):
@@ -297,26 +252,12 @@ class MMDetDemo:
         categories = {c["name"]: c["id"] for c in json.load(open(ann_file))["categories"]}
         return [categories.get(name, i) for i, name in enumerate(classes)]
 
-    @torch.no_grad()
     def predict(self, path):
-        """(RGB image, the InstanceData scoring above the threshold, float32 on the CPU)."""
-        import mmcv
-        from mmdet.apis import inference_detector
-
-        with autocast(self.device, self.amp):
-            instances = inference_detector(self.model, path).pred_instances.cpu()
-        instances = instances[instances.scores > self.score_threshold]
-        for name, value in instances.items():  # bf16/fp16 under --amp
-            if torch.is_tensor(value) and value.is_floating_point():
-                instances[name] = value.float()
-        return mmcv.imread(path, channel_order="rgb"), instances
-
-    def draw(self, image, instances):
-        from mmdet.structures import DetDataSample
-
-        self.visualizer.add_datasample("demo", image, DetDataSample(pred_instances=instances), draw_gt=False,
-                                       show=False, pred_score_thr=0.0)
-        return self.visualizer.get_image()
+        """(the image with its predictions drawn, the InstanceData scoring above the threshold)."""
+        out = self.inferencer(path, return_vis=True, no_save_vis=True, pred_score_thr=self.score_threshold,
+                              return_datasamples=True)
+        instances = out["predictions"][0].pred_instances.cpu()
+        return out["visualization"][0], instances[instances.scores > self.score_threshold]
 
     def raw(self, instances, image_id, file_name):
         """COCO results (XYWH boxes, RLE masks) with the dataset's category ids."""
@@ -335,45 +276,22 @@ class MMDetDemo:
 
 
 class MMSegDemo:
-    """An mmseg segmentor with its checkpoint loaded strictly, and its dataset's classes and
-    palette (from the checkpoint's meta, else from the config's test dataset)."""
+    """mmseg's ``MMSegInferencer`` (``srvit_backbones.mmseg.inference``), which draws with
+    ``SegLocalVisualizer``."""
 
     def __init__(self, config, checkpoint, device="cpu", amp=False, opacity=0.5, opts=()):
-        from mmengine.model import revert_sync_batchnorm
-        from mmseg.apis import init_model
-        from mmseg.registry import DATASETS
-        from mmseg.visualization import SegLocalVisualizer
-
-        import srvit_backbones.mmseg  # noqa: F401  (SRViT registered, mmengine checkpoints readable)
+        from srvit_backbones.mmseg.inference import SRViTSegInferencer
 
         cfg = openmmlab_config(config, opts)
-        self.model = init_model(cfg, None, device)
-        if torch.device(device).type == "cpu":
-            self.model = revert_sync_batchnorm(self.model)  # as mmseg's demo: SyncBN needs a GPU
-        ckpt = load_openmmlab_checkpoint(self.model, checkpoint, "mmseg")
-        meta = (ckpt.get("meta") or {}).get("dataset_meta") or DATASETS.get(cfg.test_dataloader.dataset.type).METAINFO
-        self.visualizer = SegLocalVisualizer(name=f"srvit_demo_{id(self)}", alpha=opacity)
-        self.visualizer.dataset_meta = dict(classes=meta["classes"], palette=meta["palette"])
-        self.device, self.amp = device, amp
+        ckpt, _ = read_weights(checkpoint, "state_dict", "mmseg")
+        with refused_unless_it_fits("mmseg"):
+            self.inferencer = SRViTSegInferencer(cfg, ckpt, checkpoint, device=device, amp=amp)
+        self.opacity = opacity
 
-    @torch.no_grad()
     def predict(self, path):
-        """(RGB image, class index of every pixel: an int64 HxW array)."""
-        import mmcv
-        from mmseg.apis import inference_model
-
-        with autocast(self.device, self.amp):
-            sample = inference_model(self.model, path)
-        return mmcv.imread(path, channel_order="rgb"), sample.pred_sem_seg.data[0].cpu().numpy()
-
-    def draw(self, image, labels):
-        from mmengine.structures import PixelData
-        from mmseg.structures import SegDataSample
-
-        sample = SegDataSample(pred_sem_seg=PixelData(data=torch.from_numpy(labels)[None]))
-        self.visualizer.add_datasample("demo", image, sample, draw_gt=False, draw_pred=True, show=False,
-                                       out_file=None)
-        return self.visualizer.get_image()
+        """(the image with its segmentation drawn, the class index of every pixel: an int64 HxW array)."""
+        out = self.inferencer(path, return_vis=True, opacity=self.opacity)
+        return out["visualization"], out["predictions"]
 
 
 def build_demo(args):
@@ -400,11 +318,11 @@ def run(args):
     detection = isinstance(demo, (Detectron2Demo, MMDetDemo))
     drawn, raw, results = [], [], []
     for image_id, (path, name) in enumerate(tqdm(list(zip(paths, names)), desc="demo", unit="image")):
-        image, prediction = demo.predict(path)
+        drawn_image, prediction = demo.predict(path)
         png = os.path.splitext(name)[0] + ".png"
         out = os.path.join(args.output, png)
         os.makedirs(os.path.dirname(out), exist_ok=True)
-        Image.fromarray(demo.draw(image, prediction)).save(out)
+        Image.fromarray(drawn_image).save(out)
         drawn.append(out)
         if args.save_raw and detection:
             results += demo.raw(prediction, image_id, name)

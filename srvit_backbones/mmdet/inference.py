@@ -1,0 +1,12 @@
+"""mmdet's ``DetInferencer`` with the additions of ``srvit_backbones.openmmlab.inference``
+(``tools/demo.py``'s detector); imported on its own, as ``mmdet.apis`` is large."""
+from mmdet.apis import DetInferencer
+from mmdet.registry import DATASETS
+
+from ..openmmlab.inference import CheckedWeightsInferencer
+from . import SRViTDetBackbone  # noqa: F401  (registers SRViT and the pyramid)
+
+
+class SRViTDetInferencer(CheckedWeightsInferencer, DetInferencer):
+    framework = "mmdet"
+    datasets = DATASETS

@@ -1,0 +1,54 @@
+"""What ``tools/demo.py`` adds to mmdet's ``DetInferencer`` and mmseg's ``MMSegInferencer``
+(``srvit_backbones.mmdet.inference`` / ``srvit_backbones.mmseg.inference`` put it in front of
+them): the weights loaded only when they fit the model entirely (mmengine's loader logs a
+partial load), the classes of the config's test dataset for a checkpoint that does not name its
+own (not the framework's default, COCO or Cityscapes), and mixed precision with float32
+predictions. mmengine only here."""
+import re
+from typing import Mapping, Optional
+
+import torch
+from mmengine.structures import BaseDataElement
+
+from ..amp import autocast
+from ..checkpoint import require_fit
+
+
+class CheckedWeightsInferencer:
+    """Mixin before an mmengine inferencer. Args (then the inferencer's own keyword arguments):
+        cfg: the config (``Config``).
+        checkpoint: a checkpoint read already (``{"state_dict": ..., "meta": ...}`` or weights).
+        source: how messages name the checkpoint.
+        device: where the model runs.
+        amp: mixed precision (``srvit_backbones.amp``: fp16 on CUDA, bf16 on the CPU).
+    Subclasses set ``framework`` (``'mmdet'``) and ``datasets`` (its ``DATASETS`` registry)."""
+
+    framework: str
+    datasets = None
+
+    def __init__(self, cfg, checkpoint: Mapping, source: str, device: Optional[str] = None, amp: bool = False,
+                 **kwargs):
+        self.checkpoint, self.source = checkpoint, source
+        self.amp_device, self.amp = device or "cpu", amp
+        super().__init__(model=cfg, weights=None, device=device, **kwargs)  # the weights come from checkpoint
+        self.show_progress = False
+
+    def _load_weights_to_model(self, model, checkpoint, cfg) -> None:
+        weights = self.checkpoint.get("state_dict", self.checkpoint)
+        weights = {re.sub(r"^module\.", "", k): v for k, v in weights.items()}  # as mmengine's loader
+        require_fit(weights, model, self.source, f"the {self.framework} config's model")
+        meta = dict(self.checkpoint.get("meta") or {})
+        if not meta.get("dataset_meta"):
+            meta["dataset_meta"] = self.datasets.get(cfg.test_dataloader.dataset.type).METAINFO
+        super()._load_weights_to_model(model, {"state_dict": weights, "meta": meta}, cfg)
+
+    def forward(self, inputs, **kwargs):
+        with autocast(self.amp_device, self.amp):
+            predictions = super().forward(inputs, **kwargs)
+        for sample in predictions:  # bf16 / fp16 under amp: float32 for drawing and saving
+            for _, element in sample.items():
+                if isinstance(element, BaseDataElement):
+                    for name, value in element.items():
+                        if torch.is_tensor(value) and value.is_floating_point():
+                            setattr(element, name, value.float())
+        return predictions
