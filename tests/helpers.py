@@ -135,6 +135,10 @@ def assert_layer_decay_constructor_honours_paramwise_cfg(model, optim_wrapper):
             (dict(weight_decay_convention="all"), r"weight_decay_convention='all' is not one of \['norms', ")]:
         with pytest.raises(ValueError, match=message):
             built(**cfg)
+    without_decay = dict(optim_wrapper, optimizer={k: v for k, v in optim_wrapper["optimizer"].items()
+                                                   if k != "weight_decay"})
+    with pytest.raises(ValueError, match="needs optim_wrapper.optimizer.weight_decay"):
+        lr_and_decay(model, without_decay)
 
 
 def load_tool(name: str):

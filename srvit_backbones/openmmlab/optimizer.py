@@ -44,7 +44,8 @@ class SRViTLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
             ``bias_decay_mult`` = 0. The backbone's ``no_weight_decay()`` parameters take none
             either, unless a ``custom_keys`` entry names them (custom keys override the other
             rules, as in mmengine).
-        and mmengine's keys. Any other key is an error.
+        and mmengine's keys. Any other key is an error, and so is an optimizer without
+        ``weight_decay`` (0.0 for none): mmengine would then skip its decay rules.
     """
 
     def __init__(self, optim_wrapper_cfg: dict, paramwise_cfg: Optional[dict] = None):
@@ -66,15 +67,15 @@ class SRViTLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
         self.num_layers = cfg.pop("num_layers", None)
         self.layer_decay_rate = float(cfg.setdefault("layer_decay_rate", DEFAULT_LAYER_DECAY_RATE))
         convention = cfg.setdefault("weight_decay_convention", DEFAULT_CONVENTION)
-        if optim_wrapper_cfg.get("optimizer", {}).get("weight_decay") is not None:
-            for kind in weight_decay_exemptions(convention):
-                key = _DECAY_MULT_OF_KIND[kind]
-                if cfg.setdefault(key, 0.0) != 0.0:
-                    raise ValueError(f"paramwise_cfg {key}={cfg[key]} contradicts weight_decay_convention="
-                                     f"{convention!r}, which gives {kind}s no weight decay: remove {key} or choose "
-                                     f"another convention")
-        else:
-            weight_decay_exemptions(convention)  # a name that is not a convention is an error all the same
+        if optim_wrapper_cfg.get("optimizer", {}).get("weight_decay") is None:
+            # mmengine's decay rules would be skipped and the optimizer's default decay given to all
+            raise ValueError("SRViTLayerDecayOptimizerConstructor needs optim_wrapper.optimizer.weight_decay (the "
+                             "no-decay set is relative to it): set it, 0.0 for none")
+        for kind in weight_decay_exemptions(convention):
+            key = _DECAY_MULT_OF_KIND[kind]
+            if cfg.setdefault(key, 0.0) != 0.0:
+                raise ValueError(f"paramwise_cfg {key}={cfg[key]} contradicts weight_decay_convention={convention!r}, "
+                                 f"which gives {kind}s no weight decay: remove {key} or choose another convention")
         # Our keys stay in paramwise_cfg (mmengine ignores them): mmengine calls add_params only
         # for a non-empty paramwise_cfg, and layer decay applies without one as well.
         super().__init__(optim_wrapper_cfg, cfg)
@@ -108,7 +109,7 @@ class SRViTLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
             group["lr_scale"] = scale
             # mmengine matches custom keys against the dotted name ('.name' at the top level)
             custom = any(key in (name if "." in name else "." + name) for key in custom_keys)
-            if name in no_decay and self.base_wd is not None and not custom:
+            if name in no_decay and not custom:
                 group["weight_decay"] = 0.0
             key = repr(sorted((k, v) for k, v in group.items() if k != "params"))
             if key not in merged:
