@@ -140,6 +140,12 @@ def test_the_relative_index_is_made_once_per_extent_on_the_tables_device():
     assert rel_pos._cached_offsets.cache_info().misses == 2
     from timm.models.vision_transformer_sam import get_rel_pos
 
+    rel_pos._cached_offsets.cache_clear()
+    with torch.inference_mode():  # evaluation first, then training: the cached index serves both
+        rel_pos_lookup(7, table)
+    trained = table.clone().requires_grad_()
+    rel_pos_lookup(7, trained).sum().backward()
+    assert trained.grad is not None
     for rows in (13, 5, 21):  # its own length, and tables interpolated to 13 rows
         t = torch.randn(rows, 4)
         torch.testing.assert_close(rel_pos_lookup(7, t), get_rel_pos(7, 7, t))

@@ -70,9 +70,14 @@ def _offsets(size: int, device: torch.device) -> torch.Tensor:
     return coords[:, None] - coords[None, :] + (size - 1)
 
 
-#: ``_offsets`` made once per extent and device: made per call on the host (timm's
-#: ``get_rel_pos``), the index costs a host-to-device copy and a stream sync per application
-_cached_offsets = functools.lru_cache(maxsize=None)(_offsets)
+@functools.lru_cache(maxsize=None)
+def _cached_offsets(size: int, device: torch.device) -> torch.Tensor:
+    """``_offsets`` made once per extent and device (made per call on the host, as timm's
+    ``get_rel_pos`` does, the index costs a host-to-device copy and a stream sync per
+    application); a normal tensor even when first made under ``inference_mode``, so that a
+    later training step can save it for its backward."""
+    with torch.inference_mode(False):
+        return _offsets(size, device)
 
 
 def rel_pos_lookup(size: int, table: torch.Tensor) -> torch.Tensor:
