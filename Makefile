@@ -15,9 +15,10 @@ test:
 collect-env:
 	$(PY) -m srvit_backbones.collect_env
 
-# on a GPU machine: (a)-(e) of tools/gpu_check.py in under 10 minutes, one JSON; without CUDA, (e) only
+# on a GPU machine: (a)-(f) of tools/gpu_check.py and the CUDA-marked tests; without CUDA, (e) only
 gpu-check:
 	$(PY) tools/gpu_check.py --output output/gpu_check.json
+	$(PY) -m pytest -q tests/test_gpu_check.py -k cuda
 
 # CPU quickstarts on generated data (no COCO / ADE20K needed); each ends by drawing its
 # training curves (OUTPUT/curves.png); the demo-* targets draw the trained model's predictions.

@@ -7,14 +7,21 @@ next to the published figures it should be read against.
 
 (a) a Mask R-CNN training step of ``mask_rcnn_srvit_s_t3_win.py`` and ``mask_rcnn_srvit_s_t3.py``
     at 1024 through detectron2's AMPTrainer (fp16 autocast + GradScaler), as tools/train_net.py
-    builds them: s/iter and peak memory, next to ViTDet's ViT-B (0.314 s/iter, 10.9 GB, A100);
+    builds them: s/iter and peak memory, each paired with detectron2's own ViTDet ViT-B
+    (``reference/mask_rcnn_vitdet_b.py``) stepped in the same run (the published 0.314 s/iter,
+    10.9 GB on an A100 only where detectron2's model zoo is absent, and the JSON says so);
 (b) an mmseg training step of ``upernet_srvit_s.py`` through its ``AmpOptimWrapper``;
 (c) a pretraining step of tools/pretrain.py with ``--amp`` (fp16 + GradScaler on CUDA);
-(d) tools/benchmark.py's inference img/s of SR-ViT-S T=3 and DeiT-S at 224, next to the paper's
-    943 and 2614 img/s (its GPU);
+(d) tools/benchmark.py's inference img/s of SR-ViT-S T=3, DeiT-S and timm's ViT of depth D_eff
+    at 224 (paired ratios), next to the paper's 943 and 2614 img/s (its GPU), with each model's
+    MFU: achieved FLOP/s (2 x count_flops' multiply-adds x img/s) over the GPU's dense fp16 /
+    bf16 peak (PEAK_TFLOPS; "unknown" for a GPU not in it);
 (e) the device branches against the CPU: the relative-position attention's kernel and block
     choices of the GPU against the CPU's (fp32, 1e-5), and on a GPU a tiny windowed model's
-    features and gradients on the GPU (fp32, fp16 and bf16 autocast) against the CPU's fp32.
+    features and gradients on the GPU (fp32, fp16 and bf16 autocast) against the CPU's fp32;
+(f) tools/benchmark.py's S-T3 backbone at --size, global and windowed, inference and training
+    step, paired with timm's ViT of depth D_eff (vit_same_depth) and detectron2's ViTDet of the
+    same applications (vitdet_same_depth).
 
 Data are synthetic (images with boxes and masks, label maps, an ImageFolder of noise): the
 check measures the code paths, speed and memory, not accuracy. On the CPU the frameworks'
@@ -43,6 +50,11 @@ from srvit_backbones import amp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DETECTORS = ("mask_rcnn_srvit_s_t3_win.py", "mask_rcnn_srvit_s_t3.py")
+VITDET_B = "reference/mask_rcnn_vitdet_b.py"  # detectron2's model-zoo ViTDet ViT-B Mask R-CNN
+#: dense fp16 / bf16 tensor-core peak without sparsity, TFLOP/s (NVIDIA datasheets; SXM parts),
+#: matched in this order against torch.cuda.get_device_name: MFU's denominator
+PEAK_TFLOPS = (("H100 PCIe", 756), ("H200", 989), ("H100", 989), ("A100", 312), ("L40S", 362), ("L4", 121),
+               ("A10", 125), ("V100", 125))
 SEGMENTOR = "upernet_srvit_s.py"
 #: the figures each check is read against
 PUBLISHED = dict(
@@ -103,7 +115,12 @@ def check_detectron2(args, device):
     benchmark = _tool("benchmark")
     use_amp = device.type == "cuda"
     rows = []
-    for config in DETECTORS:
+    try:
+        benchmark.detector_config(dict(name=VITDET_B, overrides=[], grad_checkpointing=False))
+        configs, reference = (VITDET_B,) + DETECTORS, None
+    except Exception as e:  # detectron2 without its model zoo configs
+        configs, reference = DETECTORS, dict(PUBLISHED["vitdet_vit_b"], why=f"{VITDET_B} not built: {e}")
+    for config in configs:
         opts = [f"model.backbone.net.img_size={args.size}", f"model.backbone.square_pad={args.size}",
                 f"train.device={device}", f"train.amp.enabled={use_amp}"]
         cfg = benchmark._train_net().load_config(argparse.Namespace(config_file=config, opts=opts))
@@ -130,7 +147,15 @@ def check_detectron2(args, device):
         del trainer, model, optimizer
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return dict(rows=rows, reference=PUBLISHED["vitdet_vit_b"])
+    if reference is None:  # measured in this run: ours / ViTDet-B
+        anchor = rows[0]
+        for row in rows[1:]:
+            row["vs_vitdet_b"] = dict(s_per_iter_ratio=row["s_per_iter"] / anchor["s_per_iter"],
+                                      peak_memory_ratio=row["peak_memory_gb"] / anchor["peak_memory_gb"]
+                                      if "peak_memory_gb" in row else None)
+        reference = dict(measured=VITDET_B, s_per_iter=anchor["s_per_iter"],
+                         peak_memory_gb=anchor.get("peak_memory_gb"))
+    return dict(rows=rows, reference=reference)
 
 
 # ---------------------------------------------------------------- (b) mmseg, AmpOptimWrapper
@@ -215,16 +240,39 @@ def check_pretrain(args, device):
 
 # ---------------------------------------------------------------- (d) inference throughput
 def check_throughput(args, device):
+    from srvit_backbones.flops import count_flops
+
     argv = ["--model", "srvit_s_t3", "--size", "224", "--batch-size", str(args.throughput_batch), "--modes", "infer",
-            "--references", "deit_small_patch16_224", "--warmup", str(args.warmup), "--repeats", str(args.steps),
-            "--device", str(device), "--amp", "on" if args.pretrain_amp else "off"]
+            "--references", "deit_small_patch16_224", "vit_same_depth", "--warmup", str(args.warmup),
+            "--repeats", str(args.steps), "--device", str(device), "--amp", "on" if args.pretrain_amp else "off"]
+    benchmark = _tool("benchmark")
     with contextlib.redirect_stdout(sys.stderr):
-        result = _tool("benchmark").main(argv)
-    rows = [dict(model=row["name"], img_per_s=row["img_per_s"], median_s=row["median_s"],
-                 amp_dtype=row["amp_dtype"], batch_size=row["batch_size"]) for row in result["rows"]]
-    return dict(command="python tools/benchmark.py " + " ".join(argv), rows=rows,
+        result = benchmark.main(argv)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    rows = []
+    for row in result["rows"]:
+        model = benchmark.build(row["kind"], row["name"], 224, False).eval()
+        gmacs = count_flops(model, (torch.randn(1, 3, 224, 224),)) / 1e9
+        rows.append(dict(model=benchmark.label(row).rsplit(" ", 1)[0], img_per_s=row["img_per_s"],
+                         median_s=row["median_s"], amp_dtype=row["amp_dtype"], batch_size=row["batch_size"],
+                         **model_flops_utilisation(row["img_per_s"], gmacs, gpu)))
+    ratios = [dict(a=c["a"], b=c["b"], time_ratio=c["median"], ci95=c["ci95"]) for c in result["comparisons"]]
+    return dict(command="python tools/benchmark.py " + " ".join(argv), rows=rows, paired=ratios,
                 reference=dict(srvit_s_t3=PUBLISHED["srvit_s_t3_224_img_per_s"],
                                deit_s=PUBLISHED["deit_s_224_img_per_s"]))
+
+
+def peak_tflops(gpu_name):
+    """The dense fp16 / bf16 peak of a GPU in PEAK_TFLOPS, or None."""
+    return next((peak for key, peak in PEAK_TFLOPS if gpu_name and key in gpu_name), None)
+
+
+def model_flops_utilisation(img_per_s, gmacs, gpu_name):
+    """Achieved TFLOP/s (a multiply-add is two FLOPs) and its fraction of the GPU's peak."""
+    achieved = 2 * gmacs * img_per_s / 1e3
+    peak = peak_tflops(gpu_name)
+    return dict(gmacs=gmacs, achieved_tflops=achieved, peak_tflops=peak or "unknown",
+                mfu=achieved / peak if peak else None)
 
 
 # ---------------------------------------------------------------- (e) device branches against the CPU
@@ -266,16 +314,32 @@ def check_branches(args, device):
         rows.append(dict(case=f"rel-pos kernel, GPU choices on the CPU, {name}", max_abs_diff=diff,
                          tolerance=1e-5, ok=diff <= 1e-5))
     if device.type == "cuda":
-        rows += _model_on_the_gpu(device)
+        rows += model_on_device_against_cpu(device)
     return dict(rows=rows, ok=all(row["ok"] for row in rows))
 
 
-def _model_on_the_gpu(device):
-    """A tiny windowed, relative-position model (padded windows, global applications) on the
-    GPU against the CPU: fp32 to 1e-4 (TF32 off), fp16 / bf16 autocast by cosine."""
+def model_on_device_against_cpu(device):
+    """A tiny windowed, relative-position model (padded windows, global applications) on
+    ``device`` against the CPU: fp32 to 1e-4 (TF32 off, the caller's setting restored), fp16 /
+    bf16 autocast by cosine. On the CPU it runs the same code (its autocast against its fp32)."""
+    with tf32_off():
+        return _compare_on_device(device)
+
+
+@contextlib.contextmanager
+def tf32_off():
+    """TF32 off for an fp32 comparison, the caller's settings restored after it."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _compare_on_device(device):
     from srvit_backbones import SRViT
 
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
     model = SRViT(img_size=112, embed_dim=64, num_heads=2, layout=(2, 1), num_steps=3, num_classes=0,
                   window_size=3, use_rel_pos=True)
@@ -289,30 +353,67 @@ def _model_on_the_gpu(device):
         with amp.autocast(str(inputs.device), dtype is not None, dtype):
             features = module.forward_features(inputs)
         features.float().square().sum().backward()
-        return features.float().cpu(), [p.grad.float().cpu() for p in module.parameters() if p.grad is not None]
+        # copies: for fp32 CPU tensors .float().cpu() is the grad itself, which module.to(device) then moves
+        return (features.detach().float().cpu().clone(),
+                [p.grad.float().cpu().clone() for p in module.parameters() if p.grad is not None])
 
     ref_features, ref_grads = run(model, x)
     gpu = model.to(device)
     rows = []
     for dtype, out_min, grad_min in ((None, None, None), (torch.float16, 0.999, 0.99), (torch.bfloat16, 0.999, 0.99)):
-        if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
             continue
         features, grads = run(gpu, x.to(device), dtype)
         if dtype is None:
             diff = max((features - ref_features).abs().max().item(),
                        max((a - b).abs().max().item() / max(b.abs().max().item(), 1e-12) for a, b in zip(grads, ref_grads)))
-            rows.append(dict(case="tiny windowed rel-pos model, GPU fp32 against CPU fp32", max_abs_diff=diff,
+            rows.append(dict(case=f"tiny windowed rel-pos model, {device.type} fp32 against CPU fp32", max_abs_diff=diff,
                              tolerance=1e-4, ok=diff <= 1e-4))
         else:
             cos_out = _cosine(features, ref_features)
             cos_grad = min(_cosine(a, b) for a, b in zip(grads, ref_grads))
-            rows.append(dict(case=f"tiny windowed rel-pos model, GPU {str(dtype)[6:]} autocast against CPU fp32",
+            rows.append(dict(case=f"tiny windowed rel-pos model, {device.type} {str(dtype)[6:]} autocast against CPU fp32",
                              feature_cosine=cos_out, min_gradient_cosine=cos_grad,
                              ok=cos_out >= out_min and cos_grad >= grad_min))
     return rows
 
 
-CHECKS = dict(a=check_detectron2, b=check_mmseg, c=check_pretrain, d=check_throughput, e=check_branches)
+# ---------------------------------------------------------------- (f) the backbone beside its anchors
+def check_backbone(args, device):
+    """The backbone (S-T3) at --size, global and windowed (ViTDet's 14x14 windows, rel-pos), inference and
+    training step, paired with vit_same_depth and vitdet_same_depth in interleaved rounds."""
+    argv = ["--model", args.backbone, "--size", str(args.size), "--batch-size", str(args.images_per_gpu * 2),
+            "--modes", "infer", "train", "--references", "vit_same_depth", "vitdet_same_depth",
+            "--variant", "global:", "--variant", "win:window_size=14,use_rel_pos=True", "--warmup", str(args.warmup),
+            "--repeats", str(args.steps), "--device", str(device), "--amp", "on" if device.type == "cuda" else "off"]
+    with contextlib.redirect_stdout(sys.stderr):
+        result = _tool("benchmark").main(argv)
+    rows = [dict(model=_tool("benchmark").label(r), median_s=r["median_s"], peak_mib=r["peak_mib"]) for r in result["rows"]]
+    ratios = [dict(a=c["a"], b=c["b"], time_ratio=c["median"], ci95=c["ci95"], peak_ratio=c["peak_ratio"])
+              for c in result["comparisons"]]
+    return dict(command="python tools/benchmark.py " + " ".join(argv), rows=rows, paired=ratios)
+
+
+def machine_record(device):
+    """What the figures were measured on: versions, GPU name, driver and clocks (nvidia-smi)."""
+    import subprocess
+
+    record = dict(platform=platform.platform(), torch=torch.__version__, cuda=torch.version.cuda,
+                  device=str(device), srvit_backbones=srvit_backbones.__version__,
+                  gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None)
+    if device.type == "cuda":
+        query = "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit"
+        try:
+            out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30).stdout.splitlines()[0]
+            record.update(zip(query.split(","), (v.strip() for v in out.split(","))))
+        except (OSError, IndexError, subprocess.SubprocessError) as e:
+            record["nvidia_smi"] = f"not available: {e}"
+    return record
+
+
+CHECKS = dict(a=check_detectron2, b=check_mmseg, c=check_pretrain, d=check_throughput, e=check_branches,
+              f=check_backbone)
 
 
 def parse_args(argv=None):
@@ -323,6 +424,7 @@ def parse_args(argv=None):
     p.add_argument("--size", type=int, default=1024, help="detector input (mmseg: min(size, 512), pretraining 224)")
     p.add_argument("--images-per-gpu", type=int, default=1, help="detector images per step (ViTDet: 1 per GPU)")
     p.add_argument("--throughput-batch", type=int, default=64, help="(d): images per inference batch")
+    p.add_argument("--backbone", default="srvit_s_t3", help="(f): the SR-ViT variant timed beside its anchors")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per check")
     p.add_argument("--steps", type=int, default=5, help="timed steps per check")
     p.add_argument("--no-amp", dest="pretrain_amp", action="store_false",
@@ -345,9 +447,7 @@ def main(argv=None) -> int:
         sys.exit("gpu_check: --device cuda but no GPU is visible: drop --device to run (e) on the CPU")
     checks = args.checks or sorted(CHECKS)
     result = dict(command=" ".join(["tools/gpu_check.py"] + (argv if argv is not None else sys.argv[1:])),
-                  machine=dict(platform=platform.platform(), torch=torch.__version__, device=str(device),
-                               gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-                               srvit_backbones=srvit_backbones.__version__),
+                  machine=machine_record(device),
                   published=PUBLISHED, checks={})
     for name in checks:
         print(f"gpu_check: ({name}) {CHECKS[name].__name__} ...", flush=True)
