@@ -310,3 +310,5 @@ def test_attention_mode_times_every_kernel_and_checks_it_against_detectron2(tmp_
             assert min(r["gradient_cosines"]) > (0.99999 if r["dtype"] == "float32" else 0.99), r
     saved = {(r["case"], r["dtype"], r["kernel"]): r["saved_mib"] for r in rows if "saved_mib" in r}
     assert saved["windows", "float32", "ours: blocked"] < saved["windows", "float32", "ours: bias"]
+    with pytest.raises(SystemExit, match="--attention times the attention kernels alone.*drop --detector, --variant, --amp"):
+        load_tool("benchmark").main(["--attention", "--amp", "--device", "cpu"])

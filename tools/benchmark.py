@@ -147,14 +147,14 @@ def parse_variant(spec):
 
 # ---------------------------------------------------------------- models and their steps
 class LastFeature(torch.nn.Module):
-    """detectron2's ``ViT`` returns {out_feature: map}; the steps take the map."""
+    """detectron2's ``ViT`` returns {"last_feat": map}; the steps take the map."""
 
     def __init__(self, net):
         super().__init__()
         self.net = net
 
     def forward(self, x):
-        return self.net(x)[self.net._out_features[0]]
+        return self.net(x)["last_feat"]
 
 
 def vitdet_same_depth(model, size, grad_ckpt):
@@ -496,6 +496,10 @@ def check_args(args):
             dtype = str(amp.amp_dtype(args.device)).replace("torch.", "")
         except ValueError as e:
             errors.append(str(e))
+    if args.attention and (args.detector or args.variant or args.amp != "off" or args.compile != "off"):
+        errors.append("--attention times the attention kernels alone, in both of the device's precisions "
+                      f"({', '.join(ATTENTION_DTYPES['cuda' if args.device.startswith('cuda') else 'cpu'])}): "
+                      "drop --detector, --variant, --amp and --compile")
     if args.detector:
         if args.compile != "off":
             errors.append("--compile times compiled backbones (--model, --variant); a --detector step is eager")
@@ -506,14 +510,14 @@ def check_args(args):
         for ref in args.references:
             if ref not in SAME_DEPTH and not timm.is_model(ref):
                 errors.append(f"--references {ref!r} is neither one of {SAME_DEPTH} nor a timm model name")
-        if REFERENCE_VITDET in args.references and not windowed_variant(variants_of(args)):
-            errors.append(f"--references {REFERENCE_VITDET} mirrors a windowed model: add a --variant with windows, "
-                          f"e.g. --variant win:window_size=14,use_rel_pos=True")
         for spec in args.variant:
             try:
                 variants.append(parse_variant(spec))
             except ValueError as e:
                 errors.append(str(e))
+        if REFERENCE_VITDET in args.references and not windowed_variant(variants):
+            errors.append(f"--references {REFERENCE_VITDET} mirrors a windowed model: add a --variant with windows, "
+                          f"e.g. --variant win:window_size=14,use_rel_pos=True")
         names = [name for name, _ in variants]
         if len(set(names)) != len(names):
             errors.append(f"--variant names must differ, got {names}")
@@ -526,17 +530,6 @@ def check_args(args):
     if errors:
         sys.exit("benchmark: " + "; ".join(errors))
     return variants, dtype
-
-
-def variants_of(args):
-    """The parseable --variant arguments (check_args reports the others)."""
-    parsed = []
-    for spec in args.variant:
-        try:
-            parsed.append(parse_variant(spec))
-        except ValueError:
-            pass
-    return parsed
 
 
 def windowed_variant(variants):
@@ -566,7 +559,7 @@ def main(argv=None):
         return peak_memory_worker(args)
     variants, dtype = check_args(args)
     if args.attention:
-        return attention_benchmark(args, dtype)
+        return attention_benchmark(args)
     if args.detector:
         for config in args.detector:  # a wrong name or a config without an input size, before any timing
             try:
@@ -676,7 +669,7 @@ def cosine(a, b):
     return F.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0).item()
 
 
-def attention_benchmark(args, _amp_dtype=None):
+def attention_benchmark(args):
     """Every kernel of ``attention_kernels`` on every case of ``attention_cases`` in each of
     ATTENTION_DTYPES: forward and forward+backward times in interleaved rounds, what training
     keeps, GPU peak memory, and errors against detectron2's formula in float32."""
