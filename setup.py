@@ -45,5 +45,11 @@ setup(
         # tools/export_onnx.py: torch.onnx's dynamo exporter (onnxscript) and its check (onnxruntime)
         "deploy": ["onnx", "onnxscript", "onnxruntime"],
     },
-    entry_points={"console_scripts": ["srvit-collect-env=srvit_backbones.collect_env:main"]},
+    entry_points={
+        "console_scripts": ["srvit-collect-env=srvit_backbones.collect_env:main"],
+        # the types a framework writes into its checkpoints, allow-listed by its adapter when
+        # srvit_backbones.checkpoint.read_checkpoint meets one (torch's weights_only loading)
+        "srvit_backbones.checkpoint_types": [
+            "mmengine=srvit_backbones.openmmlab.checkpoint_loading:allow_mmengine_checkpoints"],
+    },
 )

@@ -8,6 +8,7 @@ blocks of any layout), ``.safetensors`` files, and whole-model checkpoints of th
 {"backbone.net.srvit.*": ...}}``), whose backbone is found by its patch embedding.
 Used by timm (``checkpoint_filter_fn``), Detectron2 and MMSegmentation alike.
 """
+import importlib.metadata
 import logging
 import os
 import re
@@ -19,7 +20,8 @@ import torch.nn as nn
 
 from .models.srvit import resize_pos_embed, serves_as_is
 from .models.rel_pos import is_rel_pos, resize_rel_pos
-from .models.rules import split_pos_embed
+from .models.factory import set_checkpoint_filter
+from .models.rules import is_int_in, split_pos_embed
 
 logger = logging.getLogger(__name__)
 
@@ -121,27 +123,39 @@ def read_checkpoint(path: str) -> Any:
             raise CheckpointError(f"{path} could not be read as a PyTorch checkpoint "
                                   f"({type(e).__name__}: {str(e).splitlines()[0]}); is the file complete?") from e
         unsupported = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
-        if unsupported and unsupported.group(1).startswith("mmengine.") and _allow_mmengine_checkpoints():
-            return read_checkpoint(path)  # an mmengine run's checkpoint: its log buffers are allow-listed now
+        if unsupported and _allow_types_of(unsupported.group(1).split(".")[0]):
+            return read_checkpoint(path)  # e.g. an mmengine run's checkpoint: its log buffers are allow-listed now
         raise CheckpointError(
             f"{path} holds Python objects ({unsupported.group(1) if unsupported else 'not plain tensors'}) that "
             f"torch refuses to unpickle safely. If you trust the file, re-save only its weights: "
             f"python tools/convert_checkpoint.py {path} OUT.pth --model VARIANT --trust") from None
 
 
-def _allow_mmengine_checkpoints() -> bool:
-    """Allow-list the few types of an mmengine checkpoint's message hub (see
-    ``srvit_backbones.openmmlab.checkpoint_loading``); False if mmengine is not installed or they
-    were allowed already."""
-    import sys
+#: the entry-point group through which an adapter allow-lists the types its framework writes into
+#: checkpoints, one entry per framework package (setup.py: ``mmengine`` ->
+#: ``srvit_backbones.openmmlab.checkpoint_loading``), loaded when torch refuses such a type: the
+#: reader knows no adapter, and reads an mmseg ``iter_N.pth`` in any tool
+CHECKPOINT_TYPES_GROUP = "srvit_backbones.checkpoint_types"
+_types_loaded = set()
 
-    if "srvit_backbones.openmmlab.checkpoint_loading" in sys.modules:
+
+def _allow_types_of(package: str) -> bool:
+    """Run the entry point that allow-lists ``package``'s checkpoint types, once; False if none is
+    declared, its framework is not installed, or it ran already."""
+    if package in _types_loaded:
         return False
-    try:
-        import srvit_backbones.openmmlab.checkpoint_loading  # noqa: F401  (registers them on import)
-    except ImportError:
-        return False
-    return True
+    _types_loaded.add(package)
+    points = importlib.metadata.entry_points()
+    points = points.select(group=CHECKPOINT_TYPES_GROUP) if hasattr(points, "select") else \
+        points.get(CHECKPOINT_TYPES_GROUP, ())  # Python < 3.10
+    for point in points:
+        if point.name == package:
+            try:
+                point.load()()
+            except ImportError:
+                return False
+            return True
+    return False
 
 
 def extract_state_dict(obj: Any, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:
@@ -214,7 +228,7 @@ def map_vit_block_keys(sd: Dict[str, torch.Tensor], model: nn.Module, report: Lo
     names = _unit_block_names(model)
     n_ckpt = 1 + max(int(pattern.match(k).group(1)) for k in sd if pattern.match(k))
     chosen = default_vit_blocks(n_ckpt, len(names)) if vit_blocks is None else list(vit_blocks)
-    bad = [b for b in chosen if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < n_ckpt]
+    bad = [b for b in chosen if not is_int_in(b, 0, n_ckpt)]
     if bad or len(chosen) > len(names):
         raise CheckpointError(f"vit_blocks={list(chosen)}: the checkpoint has blocks 0..{n_ckpt - 1} and the model "
                               f"{len(names)} unique blocks; give at most {len(names)} block numbers in that range")
@@ -311,6 +325,9 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: nn.Module,
         if is_rel_pos(k):
             sd[k] = model_sd[k]
     return sd
+
+
+set_checkpoint_filter(checkpoint_filter_fn)
 
 
 def _diagnose(sd: Mapping[str, torch.Tensor], model: nn.Module) -> str:

@@ -194,3 +194,17 @@ def assert_mmengine_resume_restores(runner, ckpt_path, param_name, max_lr):
         assert torch.equal(state[key], saved_state[key]), key
     assert [s.last_step for s in runner.param_schedulers] == [s["last_step"] for s in ckpt["param_schedulers"]]
     return ckpt
+
+
+def unit_applications(num_blocks: int, num_steps: int, drop_path_rates=None, window_sizes=None):
+    """The applications of a unit of its own (``build_schedule`` of one unit), with these
+    per-application rates and windows (K * T each, step-major) where given."""
+    import dataclasses
+
+    from srvit_backbones.models import build_schedule
+
+    applications = build_schedule((num_blocks,), num_steps, ordinary_blocks=False).applications
+    rates = drop_path_rates or [a.drop_path_rate for a in applications]
+    windows = window_sizes or [a.window_size for a in applications]
+    return tuple(dataclasses.replace(a, drop_path_rate=float(r), window_size=w)
+                 for a, r, w in zip(applications, rates, windows, strict=True))

@@ -12,6 +12,8 @@ from srvit_backbones import SoftMoRUnit, SRViT, create_srvit, make_layout
 from srvit_backbones.models import VARIANTS
 from srvit_backbones.models.softmor import apply_block
 
+from helpers import unit_applications
+
 
 def tiny(**kw):
     args = dict(img_size=32, patch_size=16, embed_dim=32, num_heads=2, layout=(2, 1), num_steps=3,
@@ -36,7 +38,7 @@ def randomize(unit):
 # ----------------------------------------------------------------------------- unit semantics
 def test_unit_t1_is_plain_block_stack_without_extra_parameters():
     bs = blocks(3)
-    unit = SoftMoRUnit(copy.deepcopy(bs), num_steps=1)
+    unit = SoftMoRUnit(copy.deepcopy(bs), unit_applications(len(bs), 1))
     assert unit.router is None and unit.step_transforms is None
     assert sum(p.numel() for p in unit.parameters()) == sum(p.numel() for b in bs for p in b.parameters())
     x = torch.randn(2, 7, 32)
@@ -48,7 +50,7 @@ def test_unit_t1_is_plain_block_stack_without_extra_parameters():
 
 def test_last_without_step_transforms_is_blocks_applied_t_times():
     bs = blocks(2)
-    unit = SoftMoRUnit(copy.deepcopy(bs), num_steps=3, aggregation="last", step_transforms=False)
+    unit = SoftMoRUnit(copy.deepcopy(bs), unit_applications(len(bs), 3), aggregation="last", step_transforms=False)
     assert unit.router is None
     x = torch.randn(2, 5, 32)
     ref = x
@@ -71,7 +73,7 @@ def _step_outputs(unit, x):
 
 
 def test_zero_router_gives_mean_of_step_outputs():
-    unit = SoftMoRUnit(blocks(2), num_steps=3)
+    unit = SoftMoRUnit(blocks(2), unit_applications(2, 3))
     with torch.no_grad():  # keep the router at its zero init, make steps differ
         for st in unit.step_transforms:
             st.weight.normal_(0, 0.2)
@@ -81,7 +83,7 @@ def test_zero_router_gives_mean_of_step_outputs():
 
 
 def test_soft_mixture_matches_algorithm_1():
-    unit = randomize(SoftMoRUnit(blocks(2), num_steps=3))
+    unit = randomize(SoftMoRUnit(blocks(2), unit_applications(2, 3)))
     x = torch.randn(2, 6, 32)
     alpha = torch.softmax(unit.router(x), dim=-1)  # (B, N, T)
     ref = (_step_outputs(unit, x) * alpha.unsqueeze(2)).sum(-1)
@@ -94,7 +96,7 @@ def test_soft_mixture_matches_algorithm_1():
 def test_soft_mixture_gradients_match_algorithm_1():
     """The mixture is accumulated in place; its gradients must be those of the plain
     stack-and-sum formulation, for the input and every parameter."""
-    unit = randomize(SoftMoRUnit(blocks(2), num_steps=3))
+    unit = randomize(SoftMoRUnit(blocks(2), unit_applications(2, 3)))
     x = torch.randn(2, 6, 32, requires_grad=True)
     grad_out = torch.randn(2, 6, 32)
     ref = (_step_outputs(unit, x) * torch.softmax(unit.router(x), dim=-1).unsqueeze(2)).sum(-1)
@@ -106,7 +108,7 @@ def test_soft_mixture_gradients_match_algorithm_1():
 
 
 def test_hard_picks_each_tokens_argmax_step():
-    unit = randomize(SoftMoRUnit(blocks(1), num_steps=4, aggregation="hard"))
+    unit = randomize(SoftMoRUnit(blocks(1), unit_applications(1, 4), aggregation="hard"))
     x = torch.randn(3, 9, 32)
     steps = _step_outputs(unit, x)
     choice = unit.router(x).argmax(-1)  # (B, N)
@@ -130,7 +132,7 @@ def _hard_reference_router_grad(unit, x, grad_out):
 
 
 def test_hard_router_gradient_is_the_straight_through_estimate():
-    unit = randomize(SoftMoRUnit(blocks(1), num_steps=3, aggregation="hard"))
+    unit = randomize(SoftMoRUnit(blocks(1), unit_applications(1, 3), aggregation="hard"))
     x, grad_out = torch.randn(2, 7, 32), torch.randn(2, 7, 32)
     weight_grad, bias_grad, h_c = _hard_reference_router_grad(unit, x, grad_out)
     y = unit(x)
@@ -144,7 +146,7 @@ def test_hard_router_gradient_is_the_straight_through_estimate():
 def test_hard_is_finite_for_a_saturated_router_and_picks_the_first_of_ties(bias, chosen):
     """bias (0, 200): the other step's softmax weight underflows to exactly 0, which made the
     old estimator 0 * 0 / 0 = NaN. A tie (zero router) picks the first step, like argmax."""
-    unit = randomize(SoftMoRUnit(blocks(1), num_steps=2, aggregation="hard"))
+    unit = randomize(SoftMoRUnit(blocks(1), unit_applications(1, 2), aggregation="hard"))
     with torch.no_grad():
         unit.router.weight.zero_()
         unit.router.bias.copy_(torch.tensor(bias))
@@ -185,8 +187,8 @@ def test_soft_mixture_keeps_no_per_step_copies():
     """Beyond what naive recursion keeps anyway, the soft mixture keeps only the last step's
     output and the (B, N, T) weights: no stack of the T outputs, no per-step products."""
     bs = blocks(2)
-    soft = randomize(SoftMoRUnit(copy.deepcopy(bs), num_steps=3))
-    last = SoftMoRUnit(copy.deepcopy(bs), num_steps=3, aggregation="last")
+    soft = randomize(SoftMoRUnit(copy.deepcopy(bs), unit_applications(len(bs), 3)))
+    last = SoftMoRUnit(copy.deepcopy(bs), unit_applications(len(bs), 3), aggregation="last")
     b, n, d, t = 2, 10, 32, 3
     x = torch.randn(b, n, d, requires_grad=True)
     extra = saved_activation_bytes(soft, x) - saved_activation_bytes(last, x)
@@ -195,14 +197,14 @@ def test_soft_mixture_keeps_no_per_step_copies():
 
 @pytest.mark.parametrize("aggregation", ["soft", "hard"])
 def test_gradients_reach_router_step_transforms_and_shared_blocks(aggregation):
-    unit = randomize(SoftMoRUnit(blocks(2), num_steps=3, aggregation=aggregation))
+    unit = randomize(SoftMoRUnit(blocks(2), unit_applications(2, 3), aggregation=aggregation))
     unit(torch.randn(2, 5, 32)).square().sum().backward()
     for name, p in unit.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
 def test_router_softmax_in_float32_under_autocast():
-    unit = randomize(SoftMoRUnit(blocks(1), num_steps=3))
+    unit = randomize(SoftMoRUnit(blocks(1), unit_applications(1, 3)))
     x = torch.randn(1, 4, 32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         w = unit.router_weights(x)
@@ -213,7 +215,7 @@ def test_router_softmax_in_float32_under_autocast():
 
 
 def test_zero_init_is_configurable():
-    unit = SoftMoRUnit(blocks(1), num_steps=2, zero_init=False)
+    unit = SoftMoRUnit(blocks(1), unit_applications(1, 2), zero_init=False)
     assert unit.router.weight.abs().sum() > 0 and unit.step_transforms[0].weight.abs().sum() > 0
     model = tiny()
     for unit in model.units[1:-1]:
@@ -312,8 +314,8 @@ def test_each_block_application_drops_with_its_own_rate():
     bs = blocks(2)
     x = torch.randn(3, 5, 32)
     for rates, order in [((0.0, 1.0, 1.0, 0.0), (0, 1)), ((1.0, 0.0, 0.0, 1.0), (1, 0))]:
-        unit = SoftMoRUnit(copy.deepcopy(bs), num_steps=2, aggregation="last", step_transforms=False,
-                           drop_path_rates=rates).train()
+        unit = SoftMoRUnit(copy.deepcopy(bs), unit_applications(len(bs), 2, rates), aggregation="last",
+                           step_transforms=False).train()
         torch.testing.assert_close(unit(x), bs[order[1]](bs[order[0]](x)))
     # an intermediate rate r drops each of the application's two residual branches per sample
     # with probability r: both are dropped, leaving the input unchanged, for r^2 of 4000 samples
@@ -322,8 +324,8 @@ def test_each_block_application_drops_with_its_own_rate():
     with torch.no_grad():
         h = bs[1](bs[0](x))
         for rate in (0.3, 0.6):
-            unit = SoftMoRUnit(copy.deepcopy(bs), num_steps=2, aggregation="last", step_transforms=False,
-                               drop_path_rates=(0.0, 0.0, rate, 0.0)).train()
+            unit = SoftMoRUnit(copy.deepcopy(bs), unit_applications(len(bs), 2, (0.0, 0.0, rate, 0.0)),
+                               aggregation="last", step_transforms=False).train()
             skipped = torch.isclose(unit(x), bs[1](h), atol=1e-5).flatten(1).all(1)
             assert abs(skipped.float().mean().item() - rate ** 2) < 0.025, rate
 

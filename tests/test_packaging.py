@@ -41,3 +41,43 @@ def test_the_core_imports_no_framework():
             "'srvit_backbones.mmseg', 'srvit_backbones.mmdet', 'srvit_backbones.openmmlab'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _imports(path):
+    """(module names imported absolutely, relative imports as (level, module)) of a source file,
+    also those inside functions."""
+    import ast
+
+    absolute, relative = set(), set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            absolute |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                relative.add((node.level, node.module or ""))
+            else:
+                absolute.add(node.module)
+    return absolute, relative
+
+
+def _package_files(*folders):
+    for folder in folders:
+        for dirpath, _, names in os.walk(os.path.join(ROOT, "srvit_backbones", folder)):
+            yield from (os.path.join(dirpath, n) for n in sorted(names) if n.endswith(".py"))
+
+
+def test_imports_point_one_way():
+    """models/ (torch + timm) <- checkpoint.py, layer_decay.py <- adapters <- tools: the core
+    imports nothing of the package and no third-party module but torch and timm (the standard
+    library aside); the checkpoint reader and the layer-decay rule import the core only."""
+    stdlib = set(sys.stdlib_module_names)
+    for path in _package_files("models"):
+        absolute, relative = _imports(path)
+        outside = sorted(m for m in absolute if m.split(".")[0] not in stdlib | {"torch", "timm"})
+        assert outside == [], f"{path} imports {outside}"
+        assert all(level == 1 for level, _ in relative), f"{path} imports from outside models/: {relative}"
+    for name in ("checkpoint.py", "layer_decay.py"):
+        absolute, relative = _imports(os.path.join(ROOT, "srvit_backbones", name))
+        third_party = sorted(m for m in absolute if m.split(".")[0] not in stdlib | {"torch", "timm", "safetensors"})
+        assert third_party == [], f"{name} imports {third_party}"
+        assert all(level == 1 and module.split(".")[0] in ("models",) for level, module in relative), (name, relative)

@@ -7,7 +7,7 @@ import timm
 import torch
 
 import srvit_backbones  # noqa: F401  (registers the variants)
-from srvit_backbones.models import SRViT, build_schedule, default_global_attn_indexes
+from srvit_backbones.models import SRViT, build_schedule, default_global_attn_indexes, default_out_indices
 from srvit_backbones.models.schedule import unit_plan
 
 
@@ -16,7 +16,8 @@ def test_srvit_s_t3_schedule():
     assert plan == [(1, 1), (4, 3), (3, 3), (2, 3), (1, 3), (1, 1)]
     globals_ = default_global_attn_indexes((4, 3, 2, 1), 3)
     assert globals_ == (1, 13, 22, 28, 31)
-    schedule = build_schedule(plan, 0.1, 14, globals_, step_features=False)
+    schedule = build_schedule((4, 3, 2, 1), 3, drop_path_rate=0.1, window_size=14, global_attn_indexes=globals_)
+    assert schedule.plan == tuple(plan) and schedule.recursive_units == (1, 2, 3, 4) and not schedule.pruned
     apps = schedule.applications
     assert schedule.depth == 32 and [a.index for a in apps] == list(range(32))
     # unit 1 (K=4, T=3), step-major: applications 1..12
@@ -30,11 +31,12 @@ def test_srvit_s_t3_schedule():
     assert schedule.features == ((0, -1), (1, -1), (2, -1), (3, -1), (4, -1), (5, -1))
     cut = schedule.restricted([(1, 1), (4, 3), (3, 2)])
     assert cut.depth == 1 + 12 + 6 and cut.applications == apps[:19]
+    assert cut.pruned and cut.recursive_units == (1, 2) and cut.features == schedule.features[:3]
 
 
 def test_bvit_features_count_steps_and_the_deit_layout_keeps_vitdets_global_blocks():
     assert default_global_attn_indexes((1,) * 10, 1) == (2, 5, 8, 11)  # ViTDet's, for DeiT
-    schedule = build_schedule(unit_plan((1,), 12, ordinary_blocks=False), 0.0, 0, None, step_features=True)
+    schedule = build_schedule((1,), 12, ordinary_blocks=False, step_features=True)
     assert schedule.features == tuple((0, t) for t in range(12)) and schedule.global_indexes == tuple(range(12))
     assert default_global_attn_indexes((1,), 12, ordinary_blocks=False, step_features=True) == (2, 5, 8, 11)
 
@@ -67,3 +69,44 @@ def test_a_change_of_depth_and_a_pruning_keep_the_schedule_in_step():
     model.prune_intermediate_layers(indices=[1, 3])
     assert model.units[0].num_steps == 4 and model.schedule.depth == model.effective_depth == 4
     assert model.feature_points == list(model.schedule.features) == [(0, t) for t in range(4)]
+
+
+def test_dense_heads_take_four_features_the_recursive_units_or_the_quarters():
+    """``default_out_indices``: the recursive units where there are at most four (SR-ViT), else
+    the quarters of the network (ViTDet's rule), for any layout, not only DeiT's."""
+    assert default_out_indices((4, 3, 2, 1), 3) == (1, 2, 3, 4)
+    assert default_out_indices((3, 2, 1), 2) == (1, 2, 3)
+    assert default_out_indices((1,) * 10, 1) == (2, 5, 8, 11)  # DeiT: layers 3/6/9/12
+    assert default_out_indices((2,) * 6, 2) == (1, 3, 5, 7)  # 8 units: the quarters
+    assert default_out_indices((1,), 12, ordinary_blocks=False) == (0,)
+    assert default_out_indices((1,), 12, ordinary_blocks=False, step_features=True) == (2, 5, 8, 11)
+    model = SRViT(img_size=32, embed_dim=32, num_heads=2, layout=(1,) * 6, num_steps=1, window_size=1)
+    assert model.default_feature_indices == (1, 3, 5, 7)
+    assert model.global_attn_indexes == (1, 3, 5, 7)  # the first applications of those units, and the last
+
+
+def test_a_new_depth_is_a_new_schedule_of_the_same_arguments():
+    schedule = build_schedule((2, 1), 3, drop_path_rate=0.2, window_size=2)
+    deeper = schedule.with_num_steps(5)
+    assert deeper.num_steps == 5 and deeper.plan == ((1, 1), (2, 5), (1, 5), (1, 1))
+    assert deeper == build_schedule((2, 1), 5, drop_path_rate=0.2, window_size=2)
+    with pytest.raises(ValueError, match="global_attn_indexes number the block applications of one depth"):
+        build_schedule((2, 1), 3, window_size=2, global_attn_indexes=(0,)).with_num_steps(2)
+    with pytest.raises(ValueError, match="global_attn_indexes number the block applications of one depth"):
+        schedule.restricted(schedule.plan[:2]).with_num_steps(2)
+    with pytest.raises(ValueError, match=r"num_steps \(T\) must be an integer >= 1, got True"):
+        schedule.with_num_steps(True)
+
+
+def test_the_model_keeps_no_copy_of_what_its_schedule_says():
+    """Depth, windows, feature points and recursive units are read from the schedule, so a new
+    depth or a pruning cannot leave one of them behind."""
+    model = SRViT(img_size=32, embed_dim=32, num_heads=2, layout=(2, 1), num_steps=3, window_size=1)
+    derived = dict(num_steps=3, layout=(2, 1), window_size=1, effective_depth=11, recursive_unit_indices=(1, 2),
+                   global_attn_indexes=model.schedule.global_indexes, feature_points=list(model.schedule.features))
+    assert {name: getattr(model, name) for name in derived} == derived
+    for name in derived:
+        with pytest.raises(AttributeError):
+            setattr(model, name, None)
+    model.prune_intermediate_layers(indices=[1])
+    assert model.recursive_unit_indices == (1,) and model.effective_depth == 7 and len(model.feature_info) == 2

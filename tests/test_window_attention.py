@@ -19,7 +19,7 @@ from srvit_backbones.models import RelPosAttention, apply_block, default_global_
 from srvit_backbones.models.rel_pos import is_rel_pos, resize_rel_pos
 from srvit_backbones.models.window import merge_windows, window_qkv
 
-from helpers import load_tool
+from helpers import load_tool, unit_applications
 
 
 def tiny(**kw):
@@ -342,17 +342,19 @@ def test_bad_window_arguments_name_the_argument_and_the_fix(kwargs, match):
 
 
 def test_windowed_unit_without_the_grid_is_a_clear_error():
-    unit = SoftMoRUnit(tiny(window_size=2).units[1].blocks, num_steps=1, window_sizes=[2, 2])
+    unit = SoftMoRUnit(tiny(window_size=2).units[1].blocks, unit_applications(2, 1, window_sizes=[2, 2]))
     with pytest.raises(ValueError, match=r"need the patch grid: call the unit as unit\(x, grid=\(h, w\)\)"):
         unit(torch.randn(1, 16, 32))
     with pytest.raises(ValueError, match="17 tokens do not form the 4x4 patch grid.*no class token"):
         unit(torch.randn(1, 17, 32), grid=(4, 4))
-    with pytest.raises(ValueError, match=r"window_sizes needs 2 integers >= 0"):
-        SoftMoRUnit(tiny().units[1].blocks, num_steps=1, window_sizes=[2, -2])
+    with pytest.raises(ValueError, match=r"window_size must be an integer >= 0"):
+        unit_applications(2, 1, window_sizes=[2, -2])
+    with pytest.raises(ValueError, match=r"runs each block once per step, in order: .* got \[\(0, 1\), \(0, 0\)\]"):
+        SoftMoRUnit(tiny().units[1].blocks, unit_applications(2, 1)[::-1])
 
 
 def _whole_bias_attention(q, k, v, rel_h, rel_w, size):
-    """timm's (detectron2's) reference: the whole (queries, keys) bias, then the fused kernel."""
+    """timm's (detectron2's) reference: the whole (queries, keys) bias, then SDPA."""
     from timm.models.vision_transformer_sam import get_decomposed_rel_pos_bias
 
     B, heads, N, C = q.shape
@@ -366,7 +368,7 @@ def _whole_bias_attention(q, k, v, rel_h, rel_w, size):
 @pytest.mark.parametrize("grad", [True, False], ids=["train", "infer"])
 def test_blocked_relative_position_attention_equals_the_whole_bias(budget, grad):
     """Queries in blocks of whole grid rows and images give timm's whole-bias attention, in
-    inference and through the recomputing backward (``_RelPosAttention``), also with a table of
+    inference and through the recomputing backward (``_BlockedRelPosAttention``), also with a table of
     another length (interpolated)."""
     from srvit_backbones.models.rel_pos import rel_pos_attention
 
@@ -380,7 +382,7 @@ def test_blocked_relative_position_attention_equals_the_whole_bias(budget, grad)
         got = rel_pos_attention(q, k, v, rel_h, rel_w, (h, w), 0.0, budget)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
         if grad:
-            assert got.grad_fn.name() == "_RelPosAttentionBackward"
+            assert got.grad_fn.name() == "_BlockedRelPosAttentionBackward"
             weights = torch.randn_like(expected)
             grads = torch.autograd.grad((expected * weights).sum(), (q, k, v, rel_h, rel_w))
             for a, b in zip(torch.autograd.grad((got * weights).sum(), (q, k, v, rel_h, rel_w)), grads):
@@ -400,14 +402,14 @@ def test_relative_position_attention_backward_passes_gradcheck():
     assert torch.autograd.gradcheck(lambda *t: rel_pos_attention(*t, (h, w), 0.0, budget), inputs)
 
 
-def test_relative_position_attention_over_a_large_grid_takes_the_fused_kernel_and_equals_the_whole_bias():
-    """Grids of FUSED_MIN_KEYS keys and more take the fused kernel with a bias per block, fewer
-    the unfused one on the CPU: both equal the reference, forward and backward."""
-    from srvit_backbones.models.rel_pos import FUSED_MIN_KEYS, rel_pos_attention
+def test_relative_position_attention_over_a_large_grid_takes_sdpa_and_equals_the_whole_bias():
+    """Grids of SDPA_MIN_KEYS keys and more take SDPA with a bias per block, fewer
+    matmul-softmax-matmul on the CPU: both equal the reference, forward and backward."""
+    from srvit_backbones.models.rel_pos import SDPA_MIN_KEYS, rel_pos_attention
 
     torch.manual_seed(0)
-    side = int(FUSED_MIN_KEYS ** 0.5)
-    assert side * side == FUSED_MIN_KEYS
+    side = int(SDPA_MIN_KEYS ** 0.5)
+    assert side * side == SDPA_MIN_KEYS
     q, k, v = (torch.randn(1, 2, side * side, 8, requires_grad=True) for _ in range(3))
     rel_h, rel_w = (torch.randn(2 * side - 1, 8).mul_(0.3).requires_grad_() for _ in range(2))
     expected = _whole_bias_attention(q, k, v, rel_h, rel_w, (side, side))
@@ -432,13 +434,13 @@ def test_relative_position_attention_with_dropout_takes_autograd_through_the_ker
     inputs += [torch.randn(2 * h - 1, 8, requires_grad=True), torch.randn(2 * w - 1, 8, requires_grad=True)]
     plain = rel_pos_attention(*inputs, (h, w), 0.0, 2 * w * h * w)
     dropped = rel_pos_attention(*inputs, (h, w), 0.5, 2 * w * h * w)
-    assert dropped.grad_fn.name() != "_RelPosAttentionBackward"
+    assert dropped.grad_fn.name() != "_BlockedRelPosAttentionBackward"
     assert not torch.allclose(dropped, plain)
     assert all(g.abs().sum() > 0 for g in torch.autograd.grad(dropped.sum(), inputs))
     for dtype in (torch.bfloat16, torch.float16):
         low = [t.detach().to(dtype).requires_grad_() for t in inputs]
         out = rel_pos_attention(*low, (h, w), 0.0, 2 * w * h * w)
-        assert out.dtype == dtype and out.grad_fn.name() == "_RelPosAttentionBackward"
+        assert out.dtype == dtype and out.grad_fn.name() == "_BlockedRelPosAttentionBackward"
         torch.testing.assert_close(out.float(), plain, rtol=0.05, atol=0.05)
         low_grads = torch.autograd.grad(out.float().square().sum(), low)
         for g, t, ref in zip(low_grads, low, torch.autograd.grad(plain.square().sum(), inputs, retain_graph=True)):
@@ -447,23 +449,23 @@ def test_relative_position_attention_with_dropout_takes_autograd_through_the_ker
 
 
 def test_the_recomputing_function_takes_one_dtype_and_ignores_autocast():
-    """``_RelPosAttention`` refuses inputs of mixed dtypes (a saved fp32 q next to an fp16 k
+    """``_BlockedRelPosAttention`` refuses inputs of mixed dtypes (a saved fp32 q next to an fp16 k
     would be recomputed wrong); ``rel_pos_attention`` casts them to autocast's dtype, and a
     backward run inside the autocast region (on the CPU it runs in the caller's thread) gives
     the gradients of the autocast-free computation in the inputs' dtypes."""
-    from srvit_backbones.models.rel_pos import _RelPosAttention, rel_pos_attention
+    from srvit_backbones.models.rel_pos import _BlockedRelPosAttention, rel_pos_attention
 
     torch.manual_seed(0)
     h, w = 4, 5
     q, k, v = (torch.randn(1, 2, h * w, 8, requires_grad=True) for _ in range(3))
     terms = [torch.randn(1, 2, h, w, h), torch.randn(1, 2, h, w, w)]
     with pytest.raises(TypeError, match="inputs of one dtype.*rel_pos_attention"):
-        _RelPosAttention.apply(q, k.bfloat16(), v, *terms, None, "cpu")
+        _BlockedRelPosAttention.apply(q, k.bfloat16(), v, *terms, None, "cpu")
     tables = [torch.randn(2 * h - 1, 8, requires_grad=True), torch.randn(2 * w - 1, 8, requires_grad=True)]
     inputs = [q, k.double().detach().requires_grad_(), v, *tables]  # mixed dtypes in
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = rel_pos_attention(*inputs, (h, w))
-        assert out.dtype == torch.bfloat16 and out.grad_fn.name() == "_RelPosAttentionBackward"
+        assert out.dtype == torch.bfloat16 and out.grad_fn.name() == "_BlockedRelPosAttentionBackward"
         grads = torch.autograd.grad(out.float().square().sum(), inputs)
     reference = [t.detach().bfloat16().requires_grad_() for t in inputs[:3]] + \
         [t.detach().clone().requires_grad_() for t in tables]  # bf16 q, k, v; fp32 tables (cast inside)
@@ -521,16 +523,16 @@ def test_mixed_precision_agrees_with_fp32(options, dtype):
                          ids=["padded_windows", "windows", "global"])
 @pytest.mark.parametrize("block_elements", [None, 200], ids=["default_blocks", "small_blocks"])
 def test_the_gpu_choices_of_kernel_and_blocks_equal_the_cpu_ones(grid, window, block_elements):
-    """Off the CPU, every block takes the fused kernel and the backward works in larger blocks
-    (``uses_fused_kernel``, ``default_block_elements``, chosen from the device type). Passing
+    """Off the CPU, every block takes SDPA and the backward works in larger blocks
+    (``blocks_take_sdpa``, ``default_block_elements``, chosen from the device type). Passing
     'cuda' runs those choices here: outputs and gradients equal the CPU choices' to 1e-5, for
     windows (padded to whole windows by ``window_qkv``) and the global grid."""
-    from srvit_backbones.models.rel_pos import default_block_elements, uses_fused_kernel
+    from srvit_backbones.models.rel_pos import default_block_elements, blocks_take_sdpa
 
     size = (window, window) if window else grid
     keys = size[0] * size[1]
-    assert uses_fused_kernel("cuda", torch.float32, keys, 0.0) and not uses_fused_kernel("cpu", torch.float32, keys, 0.0)
-    assert default_block_elements("cuda", fused=False) > default_block_elements("cpu", fused=False)
+    assert blocks_take_sdpa("cuda", torch.float32, keys, 0.0) and not blocks_take_sdpa("cpu", torch.float32, keys, 0.0)
+    assert default_block_elements("cuda", sdpa=False) > default_block_elements("cpu", sdpa=False)
 
     # the comparison make gpu-check runs
     results = load_tool("gpu_check").kernel_under_both_choices(grid, window, block_elements)
@@ -626,11 +628,11 @@ def test_the_backbones_compile_whole_and_match_eager(options):
 
 
 @pytest.mark.parametrize("window", [0, 3], ids=["global", "windows"])
-@pytest.mark.parametrize("options", [dict(gated=True), dict(qk_norm=True, scale_norm=True, norm_layer=nn.LayerNorm)],
-                         ids=["gated", "norms"])
+@pytest.mark.parametrize("options", [dict(), dict(qk_norm=True, scale_norm=True, norm_layer=nn.LayerNorm)],
+                         ids=["plain", "norms"])
 def test_grid_attention_is_timms_attention_with_its_optional_parts(options, window):
-    """``grid_attention`` takes timm's ``Attention`` as it is, its optional parts included (the
-    sigmoid gate, q/k and output norms): over the whole grid it equals ``Attention.forward``,
+    """``grid_attention`` takes timm's ``Attention`` as it is, its optional parts included (q/k
+    and output norms): over the whole grid it equals ``Attention.forward``,
     and in windows it equals ``Attention.forward`` on each window's tokens (padding aside)."""
     from timm.layers import Attention
 

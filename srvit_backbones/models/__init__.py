@@ -1,4 +1,4 @@
-"""The core model: torch + timm only."""
+"""The core model: torch + timm only (nothing else of the package is imported from here)."""
 from .factory import VARIANTS, create_srvit, variant_args
 from .softmor import SoftMoRUnit, apply_block
 from .schedule import Application, Schedule, build_schedule, default_global_attn_indexes, default_out_indices

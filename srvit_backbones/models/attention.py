@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from timm.layers import Attention, register_notrace_function
 
 from .rel_pos import is_rel_pos, rel_pos_attention
-from .rules import NO_CLASS_TOKEN, check_merging_allowed
+from .rules import NO_CLASS_TOKEN
 from .window import merge_windows, window_qkv
 
 # leaves for FX where they are called (torch.fx.wrap patches the calling module's globals):
@@ -88,14 +88,27 @@ class RelPosAttention(Attention):
         return grid_attention(self, x, grid, window_size)
 
 
-def grid_attention(attn: Attention, x: torch.Tensor, grid: Tuple[int, int], window_size: int = 0) -> torch.Tensor:
-    """timm's ``Attention`` (same parameters, same result as its ``forward``) over the (B, h*w, D)
-    tokens of an (h, w) patch grid: within ViTDet's windows of ``window_size`` (the grid padded
-    to whole windows, see ``window_qkv``) or (0) over the whole grid; with decomposed relative
-    positions when ``attn`` is a ``RelPosAttention``. Its optional parts (q/k norms, the
-    output norm, the sigmoid gate of a gated attention) apply as in ``Attention.forward``."""
-    B, N, _ = x.shape
-    gate = attn.gate(x).sigmoid() if getattr(attn, "gate", None) is not None else None
+@torch.fx.wrap
+@register_notrace_function
+def check_patch_tokens(x: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+    """``x`` unchanged if its tokens form the (h, w) patch grid, else a clear error. A leaf for
+    FX (the test is Python control flow on the input's size), kept in the graph by returning ``x``."""
+    if x.shape[1] != grid[0] * grid[1]:
+        raise ValueError(f"{x.shape[1]} tokens do not form the {grid[0]}x{grid[1]} patch grid: {NO_CLASS_TOKEN}")
+    return x
+
+
+def grid_attention(attn: Attention, x: torch.Tensor, grid: Optional[Tuple[int, int]],
+                   window_size: int = 0) -> torch.Tensor:
+    """The grid path of a block's attention: timm's ``Attention`` (same parameters, same result
+    as its ``forward``; its q/k norms and output norm apply as there) over the (B, h*w, D) patch
+    tokens of an (h, w) grid, within ViTDet's windows of ``window_size`` (the grid padded to whole
+    windows, see ``window_qkv``) or (0) over the whole grid; with decomposed relative positions
+    when ``attn`` is a ``RelPosAttention``."""
+    if grid is None:
+        raise ValueError("windowed attention and relative positions need the patch grid: call the unit as "
+                         "unit(x, grid=(h, w)) (SRViT passes it)")
+    B, N, _ = check_patch_tokens(x, grid).shape
     qkv = attn.qkv(x)
     if window_size:
         q, k, v = window_qkv(qkv, attn.qkv.bias, grid, window_size, attn.num_heads).unbind(0)
@@ -110,34 +123,4 @@ def grid_attention(attn: Attention, x: torch.Tensor, grid: Tuple[int, int], wind
     else:
         x = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
     x = attn.norm(merge_windows(x, grid, window_size) if window_size else x.transpose(1, 2).reshape(B, N, attn.attn_dim))
-    if gate is not None:
-        x = x * gate
     return attn.proj_drop(attn.proj(x))
-
-
-@torch.fx.wrap
-@register_notrace_function
-def check_patch_tokens(x: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
-    """``x`` unchanged if its tokens form the (h, w) patch grid, else a clear error. A leaf for
-    FX (the test is Python control flow on the input's size), kept in the graph by returning ``x``."""
-    if x.shape[1] != grid[0] * grid[1]:
-        raise ValueError(f"{x.shape[1]} tokens do not form the {grid[0]}x{grid[1]} patch grid: {NO_CLASS_TOKEN}")
-    return x
-
-
-def attend(attn: nn.Module, x: torch.Tensor, grid: Optional[Tuple[int, int]] = None,
-           window_size: int = 0, attn_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """One application of a block's attention to (B, N, D) tokens: global, or in windows of
-    ``window_size`` over the (h, w) patch grid ``grid``; with the block's relative positions if
-    it has them. Global attention without relative positions is exactly ``attn(x)``;
-    ``attn_bias`` (global attention only: merged tokens' proportional attention) is added to
-    its logits."""
-    rel_pos = isinstance(attn, RelPosAttention)
-    if not window_size and not rel_pos:
-        return attn(x) if attn_bias is None else attn(x, attn_mask=attn_bias)
-    if attn_bias is not None:
-        check_merging_allowed(bool(window_size), rel_pos, what="an attention bias (token merging)")
-    if grid is None:
-        raise ValueError("windowed attention and relative positions need the patch grid: call the unit as "
-                         "unit(x, grid=(h, w)) (SRViT passes it)")
-    return grid_attention(attn, check_patch_tokens(x, grid), grid, window_size)

@@ -5,7 +5,7 @@ weights are hosted: load a local file with
 ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``.
 """
 from functools import partial
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
@@ -60,11 +60,20 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 default_cfgs = generate_default_cfgs({name: _cfg() for name in VARIANTS})
 
 
+#: timm's ``pretrained_filter_fn`` of every variant: ``srvit_backbones.checkpoint.checkpoint_filter_fn``,
+#: set by that module when the package is imported (the core imports nothing of the package)
+_checkpoint_filter: Optional[Callable[..., Dict[str, Any]]] = None
+
+
+def set_checkpoint_filter(fn: Callable[..., Dict[str, Any]]):
+    """Make ``fn(state_dict, model, allow_partial)`` the filter timm applies to pretrained weights."""
+    global _checkpoint_filter
+    _checkpoint_filter = fn
+
+
 def create_srvit(variant: str, pretrained: bool = False, **kwargs) -> SRViT:
     """Build a named variant; ``kwargs`` override its arguments (``num_steps``, ``layout``, ...)
     or are timm's (``features_only``, ``out_indices``, ``pretrained_cfg_overlay``)."""
-    from ..checkpoint import checkpoint_filter_fn  # checkpoint.py reads the models: imported when a model is made
-
     args = variant_args(variant)
     args.update(kwargs)
     layout = resolve_layout(args["layout"], args["num_middle_blocks"])
@@ -74,7 +83,7 @@ def create_srvit(variant: str, pretrained: bool = False, **kwargs) -> SRViT:
         overlay.setdefault("classifier", ("head", "head_dist"))
     return build_model_with_cfg(
         SRViT, variant, pretrained,
-        pretrained_filter_fn=partial(checkpoint_filter_fn, allow_partial=not strict),
+        pretrained_filter_fn=partial(_checkpoint_filter, allow_partial=not strict),
         pretrained_strict=strict,
         pretrained_cfg_overlay=overlay or None,
         feature_cfg=dict(out_indices=default_out_indices(layout, args["num_steps"], args.get("ordinary_blocks", True),

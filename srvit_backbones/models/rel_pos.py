@@ -1,7 +1,8 @@
 """ViTDet's decomposed relative positions (MViTv2's ``add_decomposed_rel_pos``) as an attention
 kernel: the tables' names and resizing, and three ways to attend with them (``KERNELS``):
 
-- ``blocked``: the bias expanded block by block of query rows (the fused kernel or
+- ``blocked``: the bias expanded block by block of query rows (SDPA, i.e.
+  ``F.scaled_dot_product_attention`` with the block's bias as its mask, or
   matmul-softmax-matmul per block), with a backward that recomputes each block's probabilities
   instead of keeping any (queries, keys) tensor: memory-lean at any grid size;
 - ``bias``: one ``F.scaled_dot_product_attention`` call with the whole bias, differentiated by
@@ -21,20 +22,20 @@ import torch
 import torch.nn.functional as F
 from timm.layers import register_notrace_function
 
-#: the (images, heads, queries, keys) bias block given to the fused kernel, in elements:
+#: the (images, heads, queries, keys) bias block given to SDPA as its mask, in elements:
 #: 24 MiB of fp32 (4 grid rows of a global application at 1024, 6 heads), under glibc's largest
 #: mmap threshold (32 MiB); the whole bias would be 384 MiB per global application at 1024
-FUSED_BLOCK_ELEMENTS = 6 * 2 ** 20
+SDPA_BLOCK_ELEMENTS = 6 * 2 ** 20
 
-#: fewer keys than this: on the CPU, matmul-softmax-matmul beats the fused kernel when it is
+#: fewer keys than this: on the CPU, matmul-softmax-matmul beats SDPA when it is
 #: given a bias (25 windows of 14x14, 6 heads, 2 threads: 29 ms against 33 ms; 18 ms without
 #: relative positions)
-FUSED_MIN_KEYS = 1024
+SDPA_MIN_KEYS = 1024
 
 #: the score block of matmul-softmax-matmul and of the backward pass, in elements (1 MiB; at
 #: least one grid row, 6 MiB in a global application at 1024): small enough that its
 #: probabilities stay in cache between the softmax and the next matmul
-UNFUSED_BLOCK_ELEMENTS = 2 ** 18
+MATMUL_BLOCK_ELEMENTS = 2 ** 18
 
 #: the largest whole bias, in elements, that the ``bias`` kernel materialises (and autograd keeps
 #: for the backward): 64 MiB of fp16. 25 windows of 14x14, 6 heads, 2 images: 11.5M; a global
@@ -166,22 +167,22 @@ def choose_kernel(device_type: str, attention_maps: int, queries: int, keys: int
     return "bias" if device_type != "cpu" and attention_maps * queries * keys <= WHOLE_BIAS_ELEMENTS else "blocked"
 
 
-def uses_fused_kernel(device_type: str, dtype: torch.dtype, keys: int, dropout_p: float) -> bool:
-    """Whether the ``blocked`` kernel's forward blocks take the fused kernel (their bias as
+def blocks_take_sdpa(device_type: str, dtype: torch.dtype, keys: int, dropout_p: float) -> bool:
+    """Whether the ``blocked`` kernel's forward blocks take SDPA (their bias as
     ``attn_mask``) rather than matmul-softmax-matmul: everywhere but on the CPU, and there for
-    attention dropout, low precision and grids of FUSED_MIN_KEYS keys and more."""
-    return bool(dropout_p) or device_type != "cpu" or keys >= FUSED_MIN_KEYS or \
+    attention dropout, low precision and grids of SDPA_MIN_KEYS keys and more."""
+    return bool(dropout_p) or device_type != "cpu" or keys >= SDPA_MIN_KEYS or \
         dtype not in (torch.float32, torch.float64)
 
 
-def default_block_elements(device_type: str, fused: bool) -> int:
+def default_block_elements(device_type: str, sdpa: bool) -> int:
     """The score block of a pass that is not given one: cache-sized for matmul-softmax-matmul
-    on the CPU (forward and the recomputing backward), FUSED_BLOCK_ELEMENTS for the fused kernel
+    on the CPU (forward and the recomputing backward), SDPA_BLOCK_ELEMENTS for SDPA
     and on any other device, where each block costs kernel launches."""
-    return FUSED_BLOCK_ELEMENTS if fused or device_type != "cpu" else UNFUSED_BLOCK_ELEMENTS
+    return SDPA_BLOCK_ELEMENTS if sdpa or device_type != "cpu" else MATMUL_BLOCK_ELEMENTS
 
 
-#: precisions whose recomputing backward keeps float32 statistics (``_RelPosAttention``)
+#: precisions whose recomputing backward keeps float32 statistics (``_BlockedRelPosAttention``)
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -200,24 +201,24 @@ def _blocked_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms_h:
     B, heads, N, _ = q.shape
     q_h, q_w = terms_h.shape[2:4]
     keys = k.shape[2]
-    fused = uses_fused_kernel(device_type, q.dtype, keys, dropout_p)
-    blocks = _query_blocks(B, heads, q_h, q_w, keys, budget or default_block_elements(device_type, fused))
+    sdpa = blocks_take_sdpa(device_type, q.dtype, keys, dropout_p)
+    blocks = _query_blocks(B, heads, q_h, q_w, keys, budget or default_block_elements(device_type, sdpa))
     scratch = None if autograd else _scratch(q, blocks, heads, q_w, keys)
     out = v.new_empty(q.shape[:-1] + v.shape[-1:])
     for block in blocks:
         bs, rs = block
         qs = slice(rs.start * q_w, rs.stop * q_w)
         q_c, k_c, v_c, bias = q[bs, :, qs], k[bs], v[bs], _bias(terms_h, terms_w, block, scratch)
-        if fused:
+        if sdpa:
             out[bs, :, qs] = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=bias, dropout_p=dropout_p)
         else:
             out[bs, :, qs] = torch.matmul(_add_scores(q_c, k_c, bias).softmax(-1), v_c)
     return out
 
 
-class _RelPosAttention(torch.autograd.Function):
+class _BlockedRelPosAttention(torch.autograd.Function):
     """The ``blocked`` kernel's training form: it keeps no (queries, keys) tensor for the
-    backward pass, but q, k, v, the per-axis terms and the output (what the fused kernels keep),
+    backward pass, but q, k, v, the per-axis terms and the output (what SDPA's flash and memory-efficient kernels keep),
     and recomputes each block's probabilities in ``backward``, as FlashAttention does. Autograd
     through ``F.scaled_dot_product_attention`` with a bias that needs a gradient keeps at least
     every block's bias instead (384 MiB per global application at 1024, fp32; the test of what
@@ -231,7 +232,7 @@ class _RelPosAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, terms_h, terms_w, budget: Optional[int], device_type: str):
         dtypes = {t.dtype for t in (q, k, v, terms_h, terms_w)}
         if len(dtypes) != 1:
-            raise TypeError(f"_RelPosAttention takes inputs of one dtype, got {sorted(map(str, dtypes))}: call "
+            raise TypeError(f"_BlockedRelPosAttention takes inputs of one dtype, got {sorted(map(str, dtypes))}: call "
                             f"rel_pos_attention, which casts them")
         with torch.autocast(device_type=device_type, enabled=False):
             out = _blocked_forward(q, k, v, terms_h, terms_w, budget, device_type)
@@ -260,7 +261,7 @@ def _blocked_backward(q, k, v, terms_h, terms_w, out, grad_out, budget: Optional
     stats = torch.promote_types(q.dtype, torch.float32)
     low = stats != q.dtype
     grad_out = grad_out.contiguous()
-    blocks = _query_blocks(B, heads, q_h, q_w, keys, budget or default_block_elements(device_type, fused=False))
+    blocks = _query_blocks(B, heads, q_h, q_w, keys, budget or default_block_elements(device_type, sdpa=False))
     # blocks of grid rows share their images' keys: their dk, dv add up; whole images' are written once
     accumulate = blocks[0][1].stop < q_h
     new, zeros_or_empty = dict(dtype=q.dtype, device=q.device), torch.zeros if accumulate else torch.empty
@@ -295,7 +296,7 @@ def _blocked_backward(q, k, v, terms_h, terms_w, out, grad_out, budget: Optional
 
 def _whole_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms_h: torch.Tensor,
                           terms_w: torch.Tensor) -> torch.Tensor:
-    """The ``bias`` kernel: one fused call with the whole (images, heads, queries, keys) bias,
+    """The ``bias`` kernel: one SDPA call with the whole (images, heads, queries, keys) bias,
     which autograd differentiates (and keeps)."""
     B, heads, N, _ = q.shape
     bias = (terms_h[..., :, None] + terms_w[..., None, :]).reshape(B, heads, N, -1)
@@ -348,8 +349,8 @@ def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos
     ``KERNELS``). The ``blocked`` kernel expands it for blocks of whole grid rows
     (``block_elements`` scores at most; by default ``default_block_elements``), so a global
     application at 1024 never holds a 4096x4096 bias per head, and training keeps none
-    (``_RelPosAttention``, in every precision). Attention dropout takes autograd through the
-    fused kernel, block by block.
+    (``_BlockedRelPosAttention``, in every precision). Attention dropout takes autograd through SDPA,
+    block by block.
 
     The inputs are cast to ``attention_dtype`` (autocast's where it is on). ``device_type``
     (default: the inputs') chooses the kernel and block sizes: 'cuda' on CPU tensors runs the
@@ -371,5 +372,5 @@ def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos
         if kernel == "flex" and not dropout_p:
             return _flex_rel_pos_attention(q, k, v, terms_h, terms_w, device_type)
         if needs_grad and not dropout_p:
-            return _RelPosAttention.apply(q, k, v, terms_h, terms_w, block_elements, device_type)
+            return _BlockedRelPosAttention.apply(q, k, v, terms_h, terms_w, block_elements, device_type)
         return _blocked_forward(q, k, v, terms_h, terms_w, block_elements, device_type, dropout_p, autograd=needs_grad)

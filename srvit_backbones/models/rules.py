@@ -1,17 +1,31 @@
-"""The rules of the model's options, each stated once: the unit, the model, the attention
-dispatch and the checkpoint tools call these, so an option is refused with the same words
-wherever it is set."""
-from typing import Sequence, Tuple
+"""The rules of the model's options, each stated once: the schedule, the unit, the model, the
+attention dispatch and the checkpoint tools call these, so an option is refused with the same
+words wherever it is set."""
+from typing import Optional, Sequence, Tuple
 
 #: the one reason windows, relative positions and token merging exclude each other's tokens
 NO_CLASS_TOKEN = "windowed attention and relative positions take patch tokens only (no class token)"
 
 
+def is_int_in(value, low: int, high: Optional[int] = None) -> bool:
+    """Whether ``value`` is an integer (a bool is not) with ``low <= value`` (``< high``): the
+    one test of an integer option (T, a window size, a unit size, an index)."""
+    return not isinstance(value, bool) and isinstance(value, int) and low <= value and (high is None or value < high)
+
+
 def check_num_steps(num_steps) -> int:
     """Recursion depth T: an integer >= 1 (T=1 is a plain stack)."""
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+    if not is_int_in(num_steps, 1):
         raise ValueError(f"num_steps (T) must be an integer >= 1, got {num_steps!r}")
     return num_steps
+
+
+def check_window_size(window_size) -> int:
+    """ViTDet's window, in patches: an integer >= 0 (0 = global attention)."""
+    if not is_int_in(window_size, 0):
+        raise ValueError(f"window_size must be an integer >= 0 (0 = global attention everywhere, ViTDet uses 14), "
+                         f"got {window_size!r}")
+    return window_size
 
 
 def check_merge_ratio(ratio) -> float:

@@ -1,16 +1,19 @@
 """The schedule of block applications, SR-ViT's one idea in one list: a few shared blocks applied
 T times. Every application says which block of which unit runs at which recursion step, with
-which stochastic-depth rate, windowed or global. It is built once from the model's arguments,
-and the model, ``set_num_steps``, the default global applications, the relative-position
-tables, the feature points and the effective depth all read it.
+which stochastic-depth rate, windowed or global. It is built once from the model's arguments
+and is the model's single statement of its depth, windows, feature points and recursive units:
+the units run their applications, and ``set_num_steps``, the relative-position tables, the
+features and the effective depth all read it.
 
 Applications are numbered in model order, step-major within a unit (unit 1: step 0's blocks
 1..K, then step 1's, ...): the order of the drop-path schedule and of ``global_attn_indexes``.
 """
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
+from .rules import check_num_steps, check_window_size, is_int_in
 
 #: (blocks K, steps T) of every unit
 Plan = Sequence[Tuple[int, int]]
@@ -27,12 +30,25 @@ class Application:
     drop_path_rate: float
     window_size: int  # 0: global attention
 
+    def __post_init__(self):
+        check_window_size(self.window_size)
+
 
 @dataclass(frozen=True)
 class Schedule:
-    """Every block application of a model and the (unit, step) of every feature index (step -1:
-    the unit's output)."""
+    """Every block application of a model, the (unit, step) of every feature index (step -1:
+    the unit's output), and the arguments they were made from (``with_num_steps`` remakes them).
 
+    ``plan`` is what runs: (K, T) of every unit, fewer units or steps than the arguments give
+    once the model is pruned (``restricted``)."""
+
+    layout: Tuple[int, ...]  # sizes K of the recursive units
+    num_steps: int  # T of every recursive unit
+    ordinary_blocks: bool  # an ordinary first and last block around the recursive units
+    step_features: bool  # feature indices count recursion steps (bViT), not units
+    drop_path_rate: float
+    window_size: int  # 0: global attention everywhere
+    default_global: bool  # the global applications are ``default_global_indexes``
     plan: Tuple[Tuple[int, int], ...]
     applications: Tuple[Application, ...]
     features: Tuple[Tuple[int, int], ...]
@@ -50,6 +66,47 @@ class Schedule:
     def global_indexes(self) -> Tuple[int, ...]:
         return tuple(a.index for a in self.applications if not a.window_size)
 
+    @property
+    def recursive_units(self) -> Tuple[int, ...]:
+        """The units ``num_steps`` sets: all but the ordinary first and last blocks."""
+        first = 1 if self.ordinary_blocks else 0
+        return tuple(range(first, min(first + len(self.layout), len(self.plan))))
+
+    @property
+    def pruned(self) -> bool:
+        """Whether units or steps were cut (``restricted``)."""
+        return self.plan != tuple(unit_plan(self.layout, self.num_steps, self.ordinary_blocks))
+
+    @property
+    def default_feature_indices(self) -> Tuple[int, ...]:
+        """The features dense heads take by default (``default_out_indices``): of a pruned model
+        those it still has; with ``step_features`` the quarters of the steps it runs."""
+        if self.step_features:
+            return quarter_indices(len(self.features))
+        defaults = default_out_indices(self.layout, self.num_steps, self.ordinary_blocks)
+        return tuple(i for i in defaults if i < len(self.features))
+
+    @property
+    def default_global_indexes(self) -> Tuple[int, ...]:
+        """Block applications that stay global when windowed attention is on by default: the
+        *first* application of every unit that ``default_out_indices`` returns (the units that
+        feed the dense heads), and the model's last application (``last_feat``, the Simple
+        Feature Pyramid's input).
+
+        Why: ViTDet keeps one global block at the end of each quarter of the network (2, 5, 8,
+        11), and this rule gives exactly those for the DeiT layout (T=1). In a recursive unit the
+        global application comes first, so that every step output the router mixes (all of which
+        build on step 1) has exchanged information across the whole image once in this unit; a
+        global last application would reach only step T's output. SR-ViT-S T=3: applications
+        1, 13, 22, 28, 31 of 32 are global. With ``step_features`` (bViT) the first application
+        of every step that ``default_out_indices`` returns stays global (steps 3/6/9/12 of 12).
+        """
+        first = {}
+        for a in self.applications:
+            first.setdefault((a.unit, a.step), a.index)
+        outs = {first[unit, max(step, 0)] for unit, step in (self.features[i] for i in self.default_feature_indices)}
+        return tuple(sorted(outs | {self.depth - 1}))
+
     def extents(self, unit: int, block: int) -> Tuple[int, bool]:
         """(window size of the block's windowed applications or 0, whether it has a global one):
         the relative-position tables the block needs."""
@@ -65,8 +122,21 @@ class Schedule:
         def runs(unit: int, step: int) -> bool:  # step -1: the unit's output
             return unit < len(plan) and step < plan[unit][1]
 
-        return Schedule(plan, tuple(a for a in self.applications if runs(a.unit, a.step)),
-                        tuple((u, t) for u, t in self.features if runs(u, t)))
+        return dataclasses.replace(self, plan=plan,
+                                   applications=tuple(a for a in self.applications if runs(a.unit, a.step)),
+                                   features=tuple((u, t) for u, t in self.features if runs(u, t)))
+
+    def with_num_steps(self, num_steps: int) -> "Schedule":
+        """The schedule of the same units run ``num_steps`` times each (``SRViT.set_num_steps``):
+        rates over the new depth; with windows, the default global applications of that depth
+        (indexes given explicitly, or those of a pruned model, number another depth's
+        applications and are refused)."""
+        check_num_steps(num_steps)
+        if self.window_size and (self.pruned or not self.default_global):
+            raise ValueError("global_attn_indexes number the block applications of one depth; build the model "
+                             "with the new num_steps (and its own global_attn_indexes): the checkpoint loads unchanged")
+        plan = [(k, num_steps if u in self.recursive_units else t) for u, (k, t) in enumerate(self.plan)]
+        return _laid_out(dataclasses.replace(self, num_steps=num_steps), plan, None)
 
 
 def unit_plan(layout: Sequence[int], num_steps: int, ordinary_blocks: bool = True) -> List[Tuple[int, int]]:
@@ -90,60 +160,68 @@ def quarter_indices(num_features: int) -> Tuple[int, ...]:
     return tuple(sorted({math.ceil(num_features * q / 4) - 1 for q in (1, 2, 3, 4)}))
 
 
+#: dense heads take this many features (a Simple Feature Pyramid's or UPerNet's four levels)
+DENSE_LEVELS = 4
+
+
 def default_out_indices(layout: Sequence[int], num_steps: int = 1, ordinary_blocks: bool = True,
                         step_features: bool = False) -> Tuple[int, ...]:
-    """Dense-prediction default: the recursive units; layers 3/6/9/12 of a plain 12-block ViT;
-    with ``step_features`` (bViT) the steps at T/4, T/2, 3T/4 and T."""
+    """Dense-prediction default: the recursive units' outputs, where there are at most
+    DENSE_LEVELS of them (SR-ViT's 3 or 4 units); otherwise the features at the quarters of the
+    network, ViTDet's rule: layers 3/6/9/12 of a plain 12-block ViT (DeiT: 10 units of one
+    block between the ordinary ones), bViT's steps 3/6/9/12 of 12 (``step_features``)."""
+    plan = unit_plan(layout, num_steps, ordinary_blocks)
     if step_features:
-        return quarter_indices(sum(t for _, t in unit_plan(layout, num_steps, ordinary_blocks)))
-    if len(layout) == 10 and set(layout) == {1}:
-        return (2, 5, 8, 11)
-    return tuple(range(1, len(layout) + 1)) if ordinary_blocks else tuple(range(len(layout)))
+        return quarter_indices(sum(t for _, t in plan))
+    first = 1 if ordinary_blocks else 0
+    if len(layout) <= DENSE_LEVELS:
+        return tuple(range(first, first + len(layout)))
+    return quarter_indices(len(plan))
 
 
 def default_global_attn_indexes(layout: Sequence[int], num_steps: int, ordinary_blocks: bool = True,
                                 step_features: bool = False) -> Tuple[int, ...]:
-    """Block applications that stay global when windowed attention is on: the *first*
-    application of every unit that ``default_out_indices`` returns (the units that feed the
-    dense heads), and the model's last application (``last_feat``, the Simple Feature
-    Pyramid's input).
-
-    Why: ViTDet keeps one global block at the end of each quarter of the network (2, 5, 8,
-    11), and this rule gives exactly those for the DeiT layout (T=1). In a recursive unit the
-    global application comes first, so that every step output the router mixes (all of which
-    build on step 1) has exchanged information across the whole image once in this unit; a
-    global last application would reach only step T's output. SR-ViT-S T=3: applications
-    1, 13, 22, 28, 31 of 32 are global. With ``step_features`` (bViT) the first application
-    of every step that ``default_out_indices`` returns stays global (steps 3/6/9/12 of 12).
-    """
-    plan = unit_plan(layout, num_steps, ordinary_blocks)
-    everywhere = build_schedule(plan, 0.0, 0, None, step_features)
-    first = {(a.unit, a.step): a.index for a in reversed(everywhere.applications)}
-    outs = default_out_indices(layout, num_steps, ordinary_blocks, step_features)
-    firsts = {first[unit, max(step, 0)] for unit, step in (everywhere.features[i] for i in outs)}
-    return tuple(sorted(firsts | {everywhere.depth - 1}))
+    """The block applications that stay global by default (``Schedule.default_global_indexes``
+    says which and why), for a model of these arguments."""
+    return build_schedule(layout, num_steps, ordinary_blocks, step_features).default_global_indexes
 
 
-def build_schedule(plan: Plan, drop_path_rate: float, window_size: int,
-                   global_attn_indexes: Optional[Sequence[int]], step_features: bool) -> Schedule:
-    """Every application of ``plan``'s blocks: drop-path rates linear from 0 to
+def build_schedule(layout: Sequence[int], num_steps: int, ordinary_blocks: bool = True, step_features: bool = False,
+                   drop_path_rate: float = 0.0, window_size: int = 0,
+                   global_attn_indexes: Optional[Sequence[int]] = None) -> Schedule:
+    """The schedule of a model of these arguments (``SRViT``'s): drop-path rates linear from 0 to
     ``drop_path_rate`` over the effective depth; windows of ``window_size`` except at
-    ``global_attn_indexes`` (all global when ``window_size`` is 0)."""
+    ``global_attn_indexes`` (None: ``Schedule.default_global_indexes``; all global when
+    ``window_size`` is 0)."""
+    check_num_steps(num_steps)
+    check_window_size(window_size)
+    given = None if global_attn_indexes is None else list(global_attn_indexes)
+    schedule = Schedule(tuple(layout), num_steps, ordinary_blocks, step_features, drop_path_rate, window_size,
+                        given is None, (), (), ())
+    return _laid_out(schedule, unit_plan(layout, num_steps, ordinary_blocks), given)
+
+
+def _laid_out(schedule: Schedule, plan: Plan, global_attn_indexes: Optional[List[int]]) -> Schedule:
+    """``schedule`` with the applications and features of ``plan``: first every application
+    global, then the windows, which may depend on the default global applications of that
+    structure."""
     plan = tuple((k, t) for k, t in plan)
     depth = sum(k * t for k, t in plan)
-    wrong = [i for i in global_attn_indexes or () if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < depth]
+    wrong = [i for i in global_attn_indexes or () if not is_int_in(i, 0, depth)]
     if wrong:
         raise ValueError(f"global_attn_indexes {wrong} out of range: this model applies its blocks {depth} times, "
                          f"numbered 0..{depth - 1} (step-major within each unit); pass indices in that range, or "
                          f"None for the default (default_global_attn_indexes)")
     # Python floats: torch.linspace rounds to float32 differently on differently vectorised CPUs
-    rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
-    stay_global = set(range(depth)) if not window_size else set(global_attn_indexes or ())
-    applications = []
-    for unit, (k, t) in enumerate(plan):
-        for step in range(t):
-            for block in range(k):
-                i = len(applications)
-                applications.append(Application(i, unit, step, block, rates[i],
-                                                 0 if i in stay_global else window_size))
-    return Schedule(plan, tuple(applications), tuple(feature_points(plan, step_features)))
+    rate = schedule.drop_path_rate
+    structure = [(unit, step, block) for unit, (k, t) in enumerate(plan) for step in range(t) for block in range(k)]
+    applications = tuple(Application(i, u, t, b, rate * i / max(depth - 1, 1), 0)
+                         for i, (u, t, b) in enumerate(structure))
+    schedule = dataclasses.replace(schedule, plan=plan, applications=applications,
+                                   features=tuple(feature_points(plan, schedule.step_features)))
+    if not schedule.window_size:
+        return schedule
+    stay_global = set(schedule.default_global_indexes if global_attn_indexes is None else global_attn_indexes)
+    return dataclasses.replace(schedule, applications=tuple(
+        a if a.index in stay_global else dataclasses.replace(a, window_size=schedule.window_size)
+        for a in applications))

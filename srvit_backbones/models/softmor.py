@@ -12,9 +12,10 @@ import torch.nn.functional as F
 from timm.layers import drop_path, register_notrace_function
 from torch.utils.checkpoint import checkpoint
 
-from .attention import RelPosAttention, attend
+from .attention import RelPosAttention, grid_attention
 from .merge import BipartiteMerge
-from .rules import check_merge_ratio, check_merging_allowed, check_num_steps
+from .rules import check_merge_ratio, check_merging_allowed
+from .schedule import Application
 
 AGGREGATIONS = ("soft", "hard", "last")
 
@@ -26,11 +27,21 @@ def apply_block(block: nn.Module, x: torch.Tensor, drop_prob: float, training: b
 
     A shared block runs at several depths, so its drop-path rate and whether its attention is
     windowed belong to the application, not to the module (the block itself is built with
-    drop_path=0). ``window_size`` > 0 attends within windows of the (h, w) patch grid ``grid``
-    (see ``attention.attend``); ``attn_bias`` is added to global attention's logits (token
-    merging). With ``drop_prob=0`` and global attention this is exactly ``block(x)``.
+    drop_path=0). Attention takes one of two paths: timm's ``Attention`` as it is (global,
+    without relative positions; ``attn_bias``, token merging's proportional attention, as its
+    ``attn_mask``), or the grid path (``attention.grid_attention``) for windows of
+    ``window_size`` > 0 over the (h, w) patch grid ``grid`` and for relative positions. With
+    ``drop_prob=0`` and global attention this is exactly ``block(x)``.
     """
-    x = x + drop_path(block.ls1(attend(block.attn, block.norm1(x), grid, window_size, attn_bias)), drop_prob, training)
+    attn = block.attn
+    if window_size or isinstance(attn, RelPosAttention):
+        if attn_bias is not None:
+            check_merging_allowed(bool(window_size), isinstance(attn, RelPosAttention),
+                                  what="an attention bias (token merging)")
+        y = grid_attention(attn, block.norm1(x), grid, window_size)
+    else:
+        y = attn(block.norm1(x), attn_mask=attn_bias)
+    x = x + drop_path(block.ls1(y), drop_prob, training)
     x = x + drop_path(block.ls2(block.mlp(block.norm2(x))), drop_prob, training)
     return x
 
@@ -53,18 +64,18 @@ class SoftMoRUnit(nn.Module):
 
     Args:
         blocks: the K blocks (timm ``Block`` modules, built with drop_path=0).
-        num_steps: recursion depth T (>= 1). T=1 is a plain stack with no extra parameters.
+        applications: what the unit runs, step-major: K * T ``schedule.Application``s, each
+            with its stochastic-depth rate and window (0 = global attention), as
+            ``Schedule.of_unit`` gives them (for a unit of its own:
+            ``build_schedule((K,), T, ordinary_blocks=False).applications``). T=1 is a plain
+            stack with no extra parameters. Windowed applications, and blocks with relative
+            positions, need the unit called with the patch grid, ``unit(x, grid=(h, w))``, on
+            patch tokens only.
         aggregation: ``soft`` (the method), ``hard`` (each token keeps its highest-scoring
             step), or ``last`` (naive recursion: the output of step T, no router).
         step_transforms: a residual Linear(D, D) before every step after the first.
-        drop_path_rates: one stochastic-depth rate per block application (K * T values,
-            step-major), scheduled over the model's effective depth.
         zero_init: router and step transforms start at zero (uniform mixture, identity
             transforms); otherwise they get a small truncated-normal init.
-        window_sizes: one attention window per block application (K * T values, step-major,
-            like ``drop_path_rates``); 0 = global attention (the default for all). Windowed
-            applications, and blocks with relative positions, need the unit called with the
-            patch grid, ``unit(x, grid=(h, w))``, on patch tokens only.
         token_merge_ratio: merge this fraction of the patch tokens at the unit's entry, run
             all T steps and the router on the reduced set, unmerge at the exit (see
             ``merge.BipartiteMerge``); 0 (default) = off. Needs the unit called with ``grid``
@@ -72,47 +83,56 @@ class SoftMoRUnit(nn.Module):
             relative positions.
     """
 
+    __jit_ignored_attributes__ = ["applications"]  # Python-side; TorchScript reads the lists derived from it
+
     def __init__(
         self,
         blocks: Sequence[nn.Module],
-        num_steps: int,
+        applications: Sequence[Application],
         aggregation: str = "soft",
         step_transforms: bool = True,
-        drop_path_rates: Optional[Sequence[float]] = None,
         zero_init: bool = True,
-        window_sizes: Optional[Sequence[int]] = None,
         token_merge_ratio: float = 0.0,
     ):
         super().__init__()
-        check_num_steps(num_steps)
         if len(blocks) < 1:
             raise ValueError("a SoftMoR unit needs at least one block")
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
         self.blocks = nn.ModuleList(blocks)
-        self.num_steps = num_steps
         self.aggregation = aggregation
-        n_apps = len(blocks) * num_steps
-        rates = [0.0] * n_apps if drop_path_rates is None else [float(r) for r in drop_path_rates]
-        if len(rates) != n_apps:
-            raise ValueError(f"drop_path_rates needs {n_apps} values (K*T), got {len(rates)}")
-        self.drop_path_rates = rates
-        windows = [0] * n_apps if window_sizes is None else list(window_sizes)
-        if len(windows) != n_apps or any(isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in windows):
-            raise ValueError(f"window_sizes needs {n_apps} integers >= 0 (K*T, 0 = global attention), got {windows}")
-        self.window_sizes = windows
+        self._run(applications)
         self.grad_checkpointing = False
         self.token_merge_ratio = 0.0
         self.set_token_merge_ratio(token_merge_ratio)
 
         dim = self._dim()
-        uses_router = num_steps > 1 and aggregation != "last"
-        self.router = nn.Linear(dim, num_steps) if uses_router else None
+        uses_router = self.num_steps > 1 and aggregation != "last"
+        self.router = nn.Linear(dim, self.num_steps) if uses_router else None
         self.step_transforms = (
-            nn.ModuleList(nn.Linear(dim, dim) for _ in range(num_steps - 1))
-            if num_steps > 1 and step_transforms else None
+            nn.ModuleList(nn.Linear(dim, dim) for _ in range(self.num_steps - 1))
+            if self.num_steps > 1 and step_transforms else None
         )
         self.reset_recursion_parameters(zero_init)
+
+    def _steps_of(self, applications: Sequence[Application]) -> int:
+        """T of ``applications``, which must run every block once per step, in order."""
+        k = len(self.blocks)
+        steps = len(applications) // k
+        order = [(a.step, a.block) for a in applications]
+        if not applications or order != [(t, j) for t in range(steps) for j in range(k)]:
+            raise ValueError(f"a unit of {k} blocks runs each block once per step, in order: its applications' "
+                             f"(step, block) must be (0, 0), (0, 1), ..., (T-1, {k - 1}) (Schedule.of_unit gives "
+                             f"them), got {order}")
+        return steps
+
+    def _run(self, applications: Sequence[Application]):
+        """The one writer of what the unit runs: its applications and what the forward pass
+        reads of them (T, and per application the drop-path rate and the window)."""
+        self.num_steps = self._steps_of(applications)
+        self.applications = tuple(applications)
+        self.drop_path_rates = [a.drop_path_rate for a in self.applications]
+        self.window_sizes = [a.window_size for a in self.applications]
 
     def _dim(self) -> int:
         norm = self.blocks[0].norm1
@@ -135,23 +155,12 @@ class SoftMoRUnit(nn.Module):
             check_merging_allowed(any(self.window_sizes), any(isinstance(b.attn, RelPosAttention) for b in self.blocks))
         self.token_merge_ratio = ratio
 
-    def truncate_steps(self, num_steps: int):
-        """Keep only the first ``num_steps`` steps of a unit whose output is its last step
-        (no router), e.g. when a backbone's last feature is an earlier step."""
-        if self.router is not None:
-            raise ValueError("a unit with a router mixes all its T steps: its steps cannot be truncated")
-        if not 1 <= num_steps <= self.num_steps:
-            raise ValueError(f"num_steps must be in 1..{self.num_steps}, got {num_steps}")
-        k = self.num_blocks
-        self.num_steps = num_steps
-        self.drop_path_rates = self.drop_path_rates[:k * num_steps]
-        self.window_sizes = self.window_sizes[:k * num_steps]
-        if self.step_transforms is not None:
-            self.step_transforms = self.step_transforms[:num_steps - 1] if num_steps > 1 else None
-
-    def set_num_steps(self, num_steps: int, drop_path_rates: Sequence[float], window_sizes: Sequence[int]):
-        """Run another recursion depth on the same weights; only a unit whose parameters do not
-        depend on T (no router, no step transforms) can."""
+    def check_applications(self, applications: Sequence[Application]):
+        """Refuse ``applications`` that these weights cannot run: another T where the unit's
+        parameters depend on T (a router, step transforms)."""
+        steps = self._steps_of(applications)
+        if steps == self.num_steps:
+            return
         if self.router is not None:
             raise ValueError(f"this unit's router was trained to mix exactly T={self.num_steps} steps (its weight has "
                              f"one row per step), so T cannot change on the same weights; only 'last' aggregation "
@@ -159,20 +168,28 @@ class SoftMoRUnit(nn.Module):
         if self.step_transforms is not None:
             raise ValueError(f"this unit has one trained step transform per step (T-1={self.num_steps - 1}), so T "
                              f"cannot change on the same weights; build the model with step_transforms=False")
-        n_apps = self.num_blocks * num_steps
-        if len(drop_path_rates) != n_apps or len(window_sizes) != n_apps:
-            raise ValueError(f"drop_path_rates and window_sizes need {n_apps} values (K*T)")
-        self.num_steps = num_steps
-        self.drop_path_rates = [float(r) for r in drop_path_rates]
-        self.window_sizes = list(window_sizes)
+
+    def set_applications(self, applications: Sequence[Application]):
+        """Run ``applications`` on the same weights: other rates or windows, or another T where
+        the parameters do not depend on it (``check_applications``)."""
+        self.check_applications(applications)
+        self._run(applications)
+
+    def truncate(self, applications: Sequence[Application]):
+        """Keep only the first steps, those of ``applications`` (a prefix of the unit's), dropping
+        the later steps' transforms: a backbone whose last feature is an earlier step of a unit
+        whose output is its last step (no router)."""
+        if self.router is not None:
+            raise ValueError("a unit with a router mixes all its T steps: its steps cannot be truncated")
+        if tuple(applications) != self.applications[:len(applications)]:
+            raise ValueError("truncate keeps a prefix of the unit's applications (Schedule.restricted gives it)")
+        self._run(applications)
+        if self.step_transforms is not None:
+            self.step_transforms = self.step_transforms[:self.num_steps - 1] if self.num_steps > 1 else None
 
     @property
     def num_blocks(self) -> int:
         return len(self.blocks)
-
-    @property
-    def effective_depth(self) -> int:
-        return self.num_blocks * self.num_steps
 
     def __prepare_scriptable__(self):
         """``torch.jit.script``'s hook: scripted blocks attend globally (TorchScript cannot pass

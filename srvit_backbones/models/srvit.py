@@ -17,7 +17,7 @@ resize decide on the input's size in Python, so they are leaf functions for FX
 """
 import math
 from functools import partial
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -27,13 +27,12 @@ from timm.models._features import feature_take_indices
 from timm.models._manipulate import named_apply
 from timm.models.vision_transformer import Block, get_init_weights_vit
 
-from ..layer_decay import layer_depth, layer_id
 from .attention import RelPosAttention
+from .layer_ids import layer_depth, layer_id
 from .rel_pos import is_rel_pos
-from .rules import NO_CLASS_TOKEN, carries_class_token, check_merging_allowed, check_num_steps
-from .schedule import (Schedule, build_schedule, default_global_attn_indexes, default_out_indices,
-                       quarter_indices, unit_plan)
-from .softmor import SoftMoRUnit
+from .rules import NO_CLASS_TOKEN, carries_class_token, check_merge_ratio, check_merging_allowed, is_int_in
+from .schedule import Schedule, build_schedule
+from .softmor import AGGREGATIONS, SoftMoRUnit
 
 ORGANISATIONS = ("coarse_to_fine", "fine_to_coarse", "coarse_grained", "fine_grained")
 WEIGHT_INITS = ("", "jax", "jax_nlhb", "moco")
@@ -68,7 +67,7 @@ def resolve_layout(layout: Union[str, Sequence[int]], num_middle_blocks: int) ->
     if isinstance(layout, str):
         return make_layout(layout, num_middle_blocks)
     layout = tuple(layout)
-    if len(layout) == 0 or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in layout):
+    if len(layout) == 0 or not all(is_int_in(k, 1) for k in layout):
         raise ValueError(f"layout must be an organisation name {ORGANISATIONS} or a non-empty sequence of "
                          f"unit sizes >= 1, got {layout!r}")
     return layout
@@ -124,6 +123,21 @@ def pos_embed_for_grid(pos_embed: torch.Tensor, num_prefix_tokens: int, old_grid
     return torch.cat([pos_embed[:, :n], grid_tokens], dim=1)
 
 
+def _check_arguments(embed_dim: int, num_heads: int, weight_init: str, aggregation: str, num_steps: int,
+                     step_features: bool):
+    """The model's own arguments (the schedule, the unit and the pooling check theirs)."""
+    if embed_dim % num_heads != 0:
+        raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+    if weight_init not in WEIGHT_INITS:
+        raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    if step_features and aggregation != "last" and is_int_in(num_steps, 2):
+        raise ValueError(f"step_features=True takes features at recursion steps, but a unit with "
+                         f"aggregation={aggregation!r} mixes its steps: use aggregation='last' (bViT), or "
+                         f"step_features=False to take the units' mixed outputs")
+
+
 class SRViT(nn.Module):
     """Soft Mixture-of-Recursions Vision Transformer (timm-style model).
 
@@ -169,131 +183,116 @@ class SRViT(nn.Module):
     averages them (``global_pool='avg'``; 'token' and ``distilled`` are refused).
     """
 
-    __jit_unused_properties__ = ["pretrain_grid", "unit_sizes", "default_feature_indices"]  # Python-side helpers, not for TorchScript
+    #: Python-side helpers, not for TorchScript
+    __jit_unused_properties__ = ["pretrain_grid", "unit_sizes", "default_feature_indices", "num_steps", "layout",
+                                 "ordinary_blocks", "step_features", "drop_path_rate", "window_size", "effective_depth",
+                                 "global_attn_indexes", "feature_points", "recursive_unit_indices", "feature_info"]
 
     def __init__(
         self,
-        img_size: Union[int, Tuple[int, int]] = 224,
-        patch_size: int = 16,
-        in_chans: int = 3,
-        num_classes: int = 1000,
-        global_pool: Optional[str] = None,
-        embed_dim: int = 384,
-        num_heads: int = 6,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        layout: Union[str, Sequence[int]] = (4, 3, 2, 1),
-        num_middle_blocks: int = 10,
-        num_steps: int = 3,
-        aggregation: str = "soft",
-        step_transforms: bool = True,
-        zero_init_recursion: bool = True,
+        img_size: Union[int, Tuple[int, int]] = 224, patch_size: int = 16, in_chans: int = 3,
+        num_classes: int = 1000, global_pool: Optional[str] = None,
+        embed_dim: int = 384, num_heads: int = 6, mlp_ratio: float = 4.0, qkv_bias: bool = True,
+        layout: Union[str, Sequence[int]] = (4, 3, 2, 1), num_middle_blocks: int = 10, num_steps: int = 3,
+        aggregation: str = "soft", step_transforms: bool = True, zero_init_recursion: bool = True,
         distilled: bool = False,
-        drop_rate: float = 0.0,
-        proj_drop_rate: float = 0.0,
-        attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.0,
-        pos_embed_interp: str = "bicubic",
-        weight_init: str = "",
-        window_size: int = 0,
-        global_attn_indexes: Optional[Sequence[int]] = None,
-        use_rel_pos: bool = False,
-        ordinary_blocks: bool = True,
-        step_features: bool = False,
-        token_merge_ratio: float = 0.0,
+        drop_rate: float = 0.0, proj_drop_rate: float = 0.0, attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0,
+        pos_embed_interp: str = "bicubic", weight_init: str = "",
+        window_size: int = 0, global_attn_indexes: Optional[Sequence[int]] = None, use_rel_pos: bool = False,
+        ordinary_blocks: bool = True, step_features: bool = False, token_merge_ratio: float = 0.0,
     ):
         super().__init__()
-        check_num_steps(num_steps)
-        if embed_dim % num_heads != 0:
-            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
-        if weight_init not in WEIGHT_INITS:
-            raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")
-        if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 0:
-            raise ValueError(f"window_size must be an integer >= 0 (0 = global attention everywhere, ViTDet uses 14), "
-                             f"got {window_size!r}")
-        layout = resolve_layout(layout, num_middle_blocks)
-        plan = unit_plan(layout, num_steps, ordinary_blocks)
-        if step_features and aggregation != "last" and num_steps > 1:
-            raise ValueError(f"step_features=True takes features at recursion steps, but a unit with "
-                             f"aggregation={aggregation!r} mixes its steps: use aggregation='last' (bViT), or "
-                             f"step_features=False to take the units' mixed outputs")
+        _check_arguments(embed_dim, num_heads, weight_init, aggregation, num_steps, step_features)
+        self.schedule = build_schedule(resolve_layout(layout, num_middle_blocks), num_steps, ordinary_blocks,
+                                       step_features, drop_path_rate, window_size, global_attn_indexes)
         class_token = carries_class_token(window_size, use_rel_pos)
-        if not class_token and distilled:
-            raise ValueError(f"distilled=True needs the class and distillation tokens, but {NO_CLASS_TOKEN}: use "
-                             f"window_size=0 and use_rel_pos=False to distil")
         global_pool = ("token" if class_token else "avg") if global_pool is None else global_pool
         self._check_pool(global_pool, class_token, distilled)
-        self.default_global_attn = global_attn_indexes is None
-        global_attn_indexes = default_global_attn_indexes(layout, num_steps, ordinary_blocks, step_features) \
-            if global_attn_indexes is None else list(global_attn_indexes)
-
-        self.num_classes = num_classes
-        self.global_pool = global_pool
-        self.num_features = self.embed_dim = embed_dim
-        self.head_hidden_size = embed_dim
-        self.num_steps = num_steps
-        self.layout = layout
-        self.ordinary_blocks = ordinary_blocks
-        self.step_features = step_features
-        self.drop_path_rate = drop_path_rate
-        self.distilled = distilled
+        self.global_pool, self.distilled = global_pool, distilled
+        self.num_features = self.embed_dim = self.head_hidden_size = embed_dim
         self.num_prefix_tokens = (2 if distilled else 1) if class_token else 0
-        self.window_size = window_size
-        self.use_rel_pos = use_rel_pos
-        self.pos_embed_interp = pos_embed_interp
-        self.weight_init = weight_init
-        self.zero_init_recursion = zero_init_recursion
+        self.use_rel_pos, self.pos_embed_interp = use_rel_pos, pos_embed_interp
+        self.weight_init, self.zero_init_recursion = weight_init, zero_init_recursion
         self.distilled_training = False  # DeiT: return (cls, dist) logits in training when set
         self.grad_checkpointing = False
 
         self.patch_embed = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans,
                                       embed_dim=embed_dim, strict_img_size=False)
         self.patch_size = self.patch_embed.patch_size[0]
-        num_patches = self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if distilled else None
-        self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + self.num_prefix_tokens, embed_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + self.num_prefix_tokens, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
-
-        schedule = build_schedule(plan, drop_path_rate, window_size, global_attn_indexes, step_features)
         norm_layer = partial(nn.LayerNorm, eps=1e-6)
-        units = []
-        for u, (k, t) in enumerate(plan):
-            blocks = [Block(dim=embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
-                            proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=0.0,
-                            norm_layer=norm_layer, attn_layer=RelPosAttention if use_rel_pos else Attention)
-                      for _ in range(k)]
-            if use_rel_pos:  # tables for the extents each block is applied at
-                for j, block in enumerate(blocks):
-                    window, has_global = schedule.extents(u, j)
-                    block.attn.add_rel_pos_tables(window, self.patch_embed.grid_size if has_global else None)
-            applications = schedule.of_unit(u)
-            units.append(SoftMoRUnit(blocks, num_steps=t, aggregation=aggregation,
-                                     step_transforms=step_transforms,
-                                     drop_path_rates=[a.drop_path_rate for a in applications],
-                                     zero_init=zero_init_recursion, window_sizes=[a.window_size for a in applications]))
-        self.units = nn.ModuleList(units)
-        self.recursive_unit_indices = tuple(range(1, len(units) - 1)) if ordinary_blocks else tuple(range(len(units)))
+        block = partial(Block, dim=embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
+                        proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=0.0, norm_layer=norm_layer,
+                        attn_layer=RelPosAttention if use_rel_pos else Attention)
+        self.units = nn.ModuleList(SoftMoRUnit(self._blocks(u, block), self.schedule.of_unit(u), aggregation,
+                                               step_transforms, zero_init_recursion)
+                                   for u in range(len(self.schedule.plan)))
         self.norm = norm_layer(embed_dim)
         self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        self.head_dist = (nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()) \
-            if distilled else None
-        self._set_schedule(schedule)
-        self.token_merge_ratio = 0.0
+        self.reset_classifier(num_classes)
         self.set_token_merge_ratio(token_merge_ratio)
         self.init_weights()
 
-    def _set_schedule(self, schedule: Schedule):
-        """The block applications the units run (set on them before), and what reads them:
-        the effective depth, the global applications, the feature points and ``feature_info``."""
-        self.schedule = schedule
-        self.effective_depth = schedule.depth
-        #: the block applications that attend over the whole grid (all of them when window_size=0)
-        self.global_attn_indexes = schedule.global_indexes
-        self.feature_points = list(schedule.features)
-        self.feature_info = [dict(num_chs=self.embed_dim, reduction=self.patch_size, module=self._module_name(u, t))
-                             for u, t in self.feature_points]
+    def _blocks(self, unit: int, block: Callable[[], nn.Module]) -> List[nn.Module]:
+        """The unique blocks of ``unit``, each with the relative-position tables of the extents
+        the schedule applies it at (with ``use_rel_pos``)."""
+        blocks = [block() for _ in range(self.schedule.plan[unit][0])]
+        for j, b in enumerate(blocks):
+            if isinstance(b.attn, RelPosAttention):
+                window, has_global = self.schedule.extents(unit, j)
+                b.attn.add_rel_pos_tables(window, self.patch_embed.grid_size if has_global else None)
+        return blocks
+
+    # ----------------------------------------------------------------- the schedule's view
+    @property
+    def num_steps(self) -> int:
+        return self.schedule.num_steps
+
+    @property
+    def layout(self) -> Tuple[int, ...]:
+        return self.schedule.layout
+
+    @property
+    def ordinary_blocks(self) -> bool:
+        return self.schedule.ordinary_blocks
+
+    @property
+    def step_features(self) -> bool:
+        return self.schedule.step_features
+
+    @property
+    def drop_path_rate(self) -> float:
+        return self.schedule.drop_path_rate
+
+    @property
+    def window_size(self) -> int:
+        return self.schedule.window_size
+
+    @property
+    def effective_depth(self) -> int:
+        return self.schedule.depth
+
+    @property
+    def global_attn_indexes(self) -> Tuple[int, ...]:
+        """The block applications that attend over the whole grid (all of them when window_size=0)."""
+        return self.schedule.global_indexes
+
+    @property
+    def feature_points(self) -> List[Tuple[int, int]]:
+        """(unit, step) of every feature index (step -1: the unit's output)."""
+        return list(self.schedule.features)
+
+    @property
+    def recursive_unit_indices(self) -> Tuple[int, ...]:
+        return self.schedule.recursive_units
+
+    @property
+    def feature_info(self) -> List[Dict]:
+        return [dict(num_chs=self.embed_dim, reduction=self.patch_size, module=self._module_name(u, t))
+                for u, t in self.schedule.features]
 
     @staticmethod
     def _module_name(unit: int, step: int) -> str:
@@ -307,42 +306,24 @@ class SRViT(nn.Module):
     @property
     def default_feature_indices(self) -> Tuple[int, ...]:
         """The features dense heads take by default (see ``default_out_indices``)."""
-        if self.step_features:
-            return quarter_indices(len(self.feature_points))
-        defaults = default_out_indices(self.layout, self.num_steps, self.ordinary_blocks)
-        return tuple(i for i in defaults if i < len(self.feature_points))  # a pruned model: those it has
+        return self.schedule.default_feature_indices
 
     # ----------------------------------------------------------------- recursion depth, merging
     def set_num_steps(self, num_steps: int):
         """Run every recursive unit ``num_steps`` times on the same weights (bViT: any depth at
         inference). Only units whose parameters do not depend on T can (no router, no step
-        transforms); a soft unit's router has one output per step, so its T is fixed."""
-        check_num_steps(num_steps)
-        pruned = len(self.units) != len(unit_plan(self.layout, 1, self.ordinary_blocks))
-        if self.window_size and (pruned or not self.default_global_attn):
-            raise ValueError("global_attn_indexes number the block applications of one depth; build the model "
-                             "with the new num_steps (and its own global_attn_indexes): the checkpoint loads unchanged")
-        recursive = [self.units[u] for u in self.recursive_unit_indices]
-        for unit in recursive:  # refuse before changing anything
-            unit.set_num_steps(unit.num_steps, unit.drop_path_rates, unit.window_sizes)
-        plan = [(unit.num_blocks, num_steps if u in self.recursive_unit_indices else unit.num_steps)
-                for u, unit in enumerate(self.units)]
-        global_attn = default_global_attn_indexes(self.layout, num_steps, self.ordinary_blocks, self.step_features) \
-            if self.window_size else None
-        schedule = build_schedule(plan, self.drop_path_rate, self.window_size, global_attn, self.step_features)
-        if self.use_rel_pos:
-            self._check_rel_pos_tables(schedule, num_steps)
+        transforms); a soft unit's router has one output per step, so its T is fixed. Refused
+        before anything changes."""
+        schedule = self.schedule.with_num_steps(num_steps)
         for u, unit in enumerate(self.units):
-            applications = schedule.of_unit(u)
-            if u in self.recursive_unit_indices:
-                unit.set_num_steps(plan[u][1], [a.drop_path_rate for a in applications],
-                                   [a.window_size for a in applications])
-            else:
-                unit.drop_path_rates = [a.drop_path_rate for a in applications]
-        self.num_steps = num_steps
-        self._set_schedule(schedule)
+            unit.check_applications(schedule.of_unit(u))
+        if self.use_rel_pos:
+            self._check_rel_pos_tables(schedule)
+        for u, unit in enumerate(self.units):
+            unit.set_applications(schedule.of_unit(u))
+        self.schedule = schedule
 
-    def _check_rel_pos_tables(self, schedule: Schedule, num_steps: int):
+    def _check_rel_pos_tables(self, schedule: Schedule):
         """Refuse a depth at which a block would be applied at an extent (windowed or global)
         it holds no relative-position table for, or no longer at one it holds a table for: the
         first cannot run, the second leaves a parameter without a gradient (a DDP error)."""
@@ -357,22 +338,23 @@ class SRViT(nn.Module):
                         "global": hasattr(block.attn, "global_rel_pos_h")}
                 if needed != held:
                     raise ValueError(
-                        f"at num_steps={num_steps}, block {j} of unit {u} would have {extents(needed)} applications, "
-                        f"but its relative-position tables are for {extents(held)} applications (those of "
-                        f"num_steps={self.num_steps}): build the model with num_steps={num_steps}, which gives every "
-                        f"block the tables its applications use")
+                        f"at num_steps={schedule.num_steps}, block {j} of unit {u} would have {extents(needed)} "
+                        f"applications, but its relative-position tables are for {extents(held)} applications (those "
+                        f"of num_steps={self.num_steps}): build the model with num_steps={schedule.num_steps}, which "
+                        f"gives every block the tables its applications use")
 
     def set_token_merge_ratio(self, ratio: float):
         """Token merging in every recursive unit (see the class docstring); 0 = off."""
-        if ratio and not any(self.units[u].num_steps > 1 for u in self.recursive_unit_indices):
+        ratio = check_merge_ratio(ratio)
+        recursive = [self.units[u] for u in self.recursive_unit_indices if self.units[u].num_steps > 1]
+        if ratio and not recursive:
             raise ValueError("token merging works inside recursive units (T > 1) and this model has none: "
                              "use token_merge_ratio=0")
         if ratio:
             check_merging_allowed(bool(self.window_size), self.use_rel_pos)
-        for u in self.recursive_unit_indices:
-            if self.units[u].num_steps > 1:
-                self.units[u].set_token_merge_ratio(ratio)
-        self.token_merge_ratio = float(ratio)
+        for unit in recursive:
+            unit.set_token_merge_ratio(ratio)
+        self.token_merge_ratio = ratio
 
     # ----------------------------------------------------------------- timm conventions
     def init_weights(self, mode: Optional[str] = None, zero_init_recursion: Optional[bool] = None):
@@ -437,11 +419,14 @@ class SRViT(nn.Module):
             self._check_pool(global_pool, self.cls_token is not None, self.distilled)
             self.global_pool = global_pool
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        if self.distilled:
-            self.head_dist = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head_dist = (nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()) \
+            if self.distilled else None
 
     @staticmethod
     def _check_pool(global_pool: str, class_token: bool, distilled: bool):
+        if distilled and not class_token:
+            raise ValueError(f"distilled=True needs the class and distillation tokens, but {NO_CLASS_TOKEN}: use "
+                             f"window_size=0 and use_rel_pos=False to distil")
         if global_pool not in GLOBAL_POOLS:
             raise ValueError(f"global_pool must be one of {GLOBAL_POOLS}, got {global_pool!r}")
         if global_pool == "token" and not class_token:
@@ -561,7 +546,7 @@ class SRViT(nn.Module):
         n = len(self.feature_points)
         out = []
         for i in indices:
-            if isinstance(i, bool) or not isinstance(i, int) or not -n <= i < n:
+            if not is_int_in(i, -n, n):
                 what = (f"{n} recursion steps as features (0..{n - 1})" if self.step_features else
                         f"{n} units (0..{n - 1}; recursive units {list(self.recursive_unit_indices)})")
                 raise ValueError(f"feature index {i!r} does not exist: this model has {what}")
@@ -593,11 +578,14 @@ class SRViT(nn.Module):
         what its outputs need: no parameter is left without a gradient."""
         take_indices, max_index = feature_take_indices(len(self.feature_points), indices)
         unit, step = self.feature_points[max_index]
+        plan = list(self.schedule.plan[:unit + 1])
+        if step >= 0:
+            plan[unit] = (plan[unit][0], step + 1)
+        schedule = self.schedule.restricted(plan)
         self.units = self.units[:unit + 1]
-        if step >= 0 and step + 1 < self.units[unit].num_steps:
-            self.units[unit].truncate_steps(step + 1)
-        self.recursive_unit_indices = tuple(i for i in self.recursive_unit_indices if i <= unit)
-        self._set_schedule(self.schedule.restricted([(u.num_blocks, u.num_steps) for u in self.units]))
+        if schedule.plan[unit] != self.schedule.plan[unit]:
+            self.units[unit].truncate(schedule.of_unit(unit))
+        self.schedule = schedule
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:

@@ -2,7 +2,7 @@
 ``window_unpartition``: the grid padded at the bottom and right to whole windows),
 partitioned after the qkv projection so that the padding is not projected. A shared block runs
 at several depths, so whether an attention is windowed is a property of the *application*
-(``SoftMoRUnit.window_sizes``), not of the block; ``attention.grid_attention`` uses these.
+(``schedule.Application.window_size``), not of the block; ``attention.grid_attention`` uses these.
 """
 from typing import Optional, Tuple
 

@@ -6,6 +6,10 @@ checkpoint and loads them with a plain ``torch.load``, so ``--resume``, ``load_f
 off, the few types those checkpoints contain are allow-listed. HistoryBuffer's statistics
 methods are pickled as ``getattr(HistoryBuffer, 'min')``: instead of allowing ``getattr``
 itself, the pickle's ``getattr`` is mapped to a function that only resolves those methods.
+
+Registered on import, and declared in setup.py as the ``mmengine`` entry of
+``srvit_backbones.checkpoint_types``: ``checkpoint.read_checkpoint`` runs it when torch refuses an
+mmengine type, so any tool reads an mmseg / mmdet ``iter_N.pth`` without importing the adapter.
 """
 import pickle
 
@@ -31,6 +35,7 @@ def history_buffer_attribute(obj, name):
 
 
 def allow_mmengine_checkpoints():
+    """Allow-list the types of an mmengine checkpoint's message hub for ``torch.load(weights_only=True)``."""
     torch.serialization.add_safe_globals([HistoryBuffer, *_numpy_globals(),
                                           (history_buffer_attribute, "builtins.getattr")])
 
