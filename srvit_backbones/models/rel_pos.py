@@ -128,12 +128,13 @@ def _bias(terms_h: torch.Tensor, terms_w: torch.Tensor, block: QueryBlock,
     return torch.add(rows_h, rows_w, out=out).view(shape)
 
 
-def _add_scores(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """softmax's input, q.k / sqrt(C) + bias, added into ``bias`` in place and returned."""
+def _scores_over_bias(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """softmax's input, q.k / sqrt(C) + bias, computed in place over the (consumed) ``bias``
+    buffer, which then holds the scores: no second (queries, keys) tensor."""
     b, heads, n, C = q.shape
     scores = bias.view(b * heads, n, -1)
     scores.baddbmm_(q.reshape(b * heads, n, C), k.transpose(-2, -1).reshape(b * heads, C, -1), alpha=C ** -0.5)
-    return bias
+    return scores.view(bias.shape)
 
 
 def set_rel_pos_kernel(kernel: Optional[str]):
@@ -212,7 +213,7 @@ def _blocked_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms_h:
         if sdpa:
             out[bs, :, qs] = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=bias, dropout_p=dropout_p)
         else:
-            out[bs, :, qs] = torch.matmul(_add_scores(q_c, k_c, bias).softmax(-1), v_c)
+            out[bs, :, qs] = torch.matmul(_scores_over_bias(q_c, k_c, bias).softmax(-1), v_c)
     return out
 
 
@@ -275,7 +276,7 @@ def _blocked_backward(q, k, v, terms_h, terms_w, out, grad_out, budget: Optional
         qs = slice(rs.start * q_w, rs.stop * q_w)
         q_c, k_c, v_c, go = q[bs, :, qs], k[bs], v[bs], grad_out[bs, :, qs]
         b, h, n = q_c.shape[:3]
-        probs = _add_scores(q_c, k_c, _bias(terms_h, terms_w, block, scratch)).softmax(-1, dtype=stats)
+        probs = _scores_over_bias(q_c, k_c, _bias(terms_h, terms_w, block, scratch)).softmax(-1, dtype=stats)
         dv[bs].view(b * h, keys, -1).baddbmm_(probs.to(q.dtype).view(b * h, n, keys).transpose(1, 2),
                                              go.reshape(b * h, n, -1), beta=int(accumulate))
         dscores = torch.matmul(go, v_c.transpose(-2, -1)).to(stats).sub_(delta[bs, :, qs]).mul_(probs)
