@@ -17,15 +17,13 @@ import logging
 import os
 import sys
 
-from detectron2.config import LazyConfig, instantiate
-from detectron2.engine import (AMPTrainer, SimpleTrainer, default_argument_parser, default_setup,
-                               default_writers, hooks, launch)
+from detectron2.config import instantiate
+from detectron2.engine import default_argument_parser, default_setup, default_writers, hooks, launch
 from detectron2.engine.defaults import create_ddp_model
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 
-import srvit_backbones
-from srvit_backbones.detectron2 import SRViTCheckpointer, validate_config
+from srvit_backbones.detectron2 import SRViTCheckpointer, training, validate_config
 
 logger = logging.getLogger("srvit.train_net")
 
@@ -63,9 +61,7 @@ def do_test(cfg, model):
 
 def build_eval_model(cfg):
     """The ``--eval-only`` model, with ``train.init_checkpoint`` loaded."""
-    model = instantiate(cfg.model)
-    model.to(cfg.train.device)
-    model = create_ddp_model(model, **ddp_kwargs(cfg))
+    model = create_ddp_model(training.build_model(cfg), **ddp_kwargs(cfg))
     SRViTCheckpointer(model).load(cfg.train.init_checkpoint)
     return model
 
@@ -74,15 +70,12 @@ def build_trainer(args, cfg):
     """Model, optimizer, data, hooks and checkpointer of a training run, loaded from
     ``train.init_checkpoint`` or, with ``--resume``, restored from the last checkpoint in
     ``train.output_dir`` (weights, optimizer, iteration). Returns (trainer, start_iter)."""
-    model = instantiate(cfg.model)
+    model = training.build_model(cfg)
     logger.info("Model:\n%s", model)
-    model.to(cfg.train.device)
-
-    cfg.optimizer.params.model = model
-    optim = instantiate(cfg.optimizer)
+    optim = training.build_optimizer(cfg, model)
     train_loader = instantiate(cfg.dataloader.train)
     model = create_ddp_model(model, **ddp_kwargs(cfg))
-    trainer = (AMPTrainer if cfg.train.amp.enabled else SimpleTrainer)(model, train_loader, optim)
+    trainer = training.trainer_class(cfg)(model, train_loader, optim)
     checkpointer = SRViTCheckpointer(model, cfg.train.output_dir, trainer=trainer)
     trainer.register_hooks([
         hooks.IterationTimer(),
@@ -105,10 +98,9 @@ def do_train(args, cfg):
 def load_config(args):
     """The config named by ``args`` (a path or a shipped name) with its ``key=value`` overrides."""
     try:
-        path = srvit_backbones.resolve_config("detectron2", args.config_file)
+        return training.load_config(args.config_file, args.opts)
     except FileNotFoundError as e:
         sys.exit(str(e))
-    return LazyConfig.apply_overrides(LazyConfig.load(path), args.opts)
 
 
 def main(args):

@@ -1,0 +1,20 @@
+"""Synthetic data for the measurements that read files (the detection and segmentation
+batches are built in memory by the adapters: ``srvit_backbones.detectron2.benchmark``,
+``srvit_backbones.mmseg.benchmark``)."""
+import os
+
+import torch
+
+
+def synthetic_image_folder(root, classes=2, images=2, size=64, splits=("train", "val")):
+    """An ImageFolder of noise, ``root/SPLIT/classC/I.jpg``, as tools/pretrain.py reads ImageNet."""
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(0)
+    for split in splits:
+        for c in range(classes):
+            os.makedirs(os.path.join(root, split, f"class{c}"))
+            for i in range(images):
+                pixels = torch.randint(0, 256, (size, size, 3), dtype=torch.uint8, generator=g).numpy()
+                Image.fromarray(pixels).save(os.path.join(root, split, f"class{c}", f"{i}.jpg"))
+    return root

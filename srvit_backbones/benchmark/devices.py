@@ -1,0 +1,101 @@
+"""The device branches against the CPU: the relative-position attention's GPU choices of kernel
+and block size run on the CPU, and a tiny windowed model on a device against the CPU's fp32."""
+import contextlib
+
+import torch
+
+from .. import SRViT, amp
+from ..models.rel_pos import rel_pos_attention
+from ..models.window import window_qkv
+from .timing import cosine
+
+
+def kernel_under_both_choices(grid, window, block_elements=None, seed=0):
+    """Outputs and gradients of ``rel_pos_attention`` on CPU tensors under the CPU's and the
+    GPU's choices of kernel and block size: {"cpu": [out, *grads], "cuda": [out, *grads]}.
+    ``window`` 0 attends over the whole grid; otherwise ``window_qkv`` pads to whole windows."""
+    heads, C = 2, 8
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(2, grid[0] * grid[1], 3 * heads * C, generator=g)
+    if window:
+        q, k, v = window_qkv(qkv, torch.randn(3 * heads * C, generator=g), grid, window, heads).unbind(0)
+    else:
+        q, k, v = qkv.view(2, -1, 3, heads, C).permute(2, 0, 3, 1, 4).unbind(0)
+    size = (window, window) if window else grid
+    inputs = [t.contiguous().requires_grad_() for t in (q, k, v)]
+    inputs += [torch.randn(2 * n - 1, C, generator=g).mul_(0.3).requires_grad_() for n in size]
+    results = {}
+    for device_type in ("cpu", "cuda"):
+        out = rel_pos_attention(*inputs, size, 0.0, block_elements, device_type=device_type)
+        results[device_type] = [out, *torch.autograd.grad((out * out.detach().cos()).sum(), inputs)]
+    return results
+
+
+def kernel_choice_rows():
+    """The GPU's kernel and block choices against the CPU's, on CPU tensors: padded windows,
+    whole windows and a global grid, each within 1e-5."""
+    rows = []
+    for name, grid, window in (("padded_windows", (6, 7), 3), ("windows", (6, 6), 3), ("global", (9, 9), 0)):
+        results = kernel_under_both_choices(grid, window)
+        diff = max((a - b).abs().max().item() for a, b in zip(results["cuda"], results["cpu"]))
+        rows.append(dict(case=f"rel-pos kernel, GPU choices on the CPU, {name}", max_abs_diff=diff,
+                         tolerance=1e-5, ok=diff <= 1e-5))
+    return rows
+
+
+@contextlib.contextmanager
+def tf32_off():
+    """TF32 off for an fp32 comparison, the caller's settings restored after it."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def model_on_device_against_cpu(device):
+    """A tiny windowed, relative-position model (padded windows, global applications) on
+    ``device`` against the CPU: fp32 to 1e-4 (TF32 off, the caller's setting restored), fp16 /
+    bf16 autocast by cosine. On the CPU it runs the same code (its autocast against its fp32)."""
+    with tf32_off():
+        return _compare_on_device(torch.device(device))
+
+
+def _compare_on_device(device):
+    torch.manual_seed(0)
+    model = SRViT(img_size=112, embed_dim=64, num_heads=2, layout=(2, 1), num_steps=3, num_classes=0,
+                  window_size=3, use_rel_pos=True)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.1)
+    x = torch.randn(2, 3, 112, 112)
+
+    def run(module, inputs, dtype=None):
+        module.zero_grad()
+        with amp.autocast(str(inputs.device), dtype is not None, dtype):
+            features = module.forward_features(inputs)
+        features.float().square().sum().backward()
+        # copies: for fp32 CPU tensors .float().cpu() is the grad itself, which module.to(device) then moves
+        return (features.detach().float().cpu().clone(),
+                [p.grad.float().cpu().clone() for p in module.parameters() if p.grad is not None])
+
+    ref_features, ref_grads = run(model, x)
+    gpu = model.to(device)
+    rows = []
+    for dtype, out_min, grad_min in ((None, None, None), (torch.float16, 0.999, 0.99), (torch.bfloat16, 0.999, 0.99)):
+        if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            continue
+        features, grads = run(gpu, x.to(device), dtype)
+        if dtype is None:
+            diff = max((features - ref_features).abs().max().item(),
+                       max((a - b).abs().max().item() / max(b.abs().max().item(), 1e-12) for a, b in zip(grads, ref_grads)))
+            rows.append(dict(case=f"tiny windowed rel-pos model, {device.type} fp32 against CPU fp32", max_abs_diff=diff,
+                             tolerance=1e-4, ok=diff <= 1e-4))
+        else:
+            cos_out = cosine(features, ref_features)
+            cos_grad = min(cosine(a, b) for a, b in zip(grads, ref_grads))
+            rows.append(dict(case=f"tiny windowed rel-pos model, {device.type} {str(dtype)[6:]} autocast against CPU fp32",
+                             feature_cosine=cos_out, min_gradient_cosine=cos_grad,
+                             ok=cos_out >= out_min and cos_grad >= grad_min))
+    return rows

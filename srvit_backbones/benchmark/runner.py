@@ -1,0 +1,456 @@
+"""Speed and memory of SR-ViT against timm's ViT of the same width and depth = D_eff (the
+physical reference: same number of block applications) and timm's DeiT-S / DeiT-B; of
+variants of one SR-ViT side by side; of whole Mask R-CNN training steps; compiled against
+eager; and of the relative-position attention kernels.
+
+    python tools/benchmark.py --model srvit_s_t3 --size 224 --batch-size 8
+    python tools/benchmark.py --model srvit_s_t4 --size 1024 --batch-size 1 --modes train \\
+        --grad-checkpointing both --references --json docs/bench_s_t4_1024.json
+    python tools/benchmark.py --model srvit_s_t3 --size 1024 --batch-size 1 --references \\
+        --variant global: --variant win:window_size=14,use_rel_pos=True
+    python tools/benchmark.py --model srvit_s_t3 --size 1024 --batch-size 2 --amp --references \\
+        vit_same_depth vitdet_same_depth --variant global: --variant win:window_size=14,use_rel_pos=True
+    python tools/benchmark.py --detector mask_rcnn_srvit_s_t3.py mask_rcnn_deit_s.py --batch-size 1
+    python tools/benchmark.py --detector reference/mask_rcnn_vitdet_b.py mask_rcnn_srvit_s_t3_win.py \\
+        --batch-size 1 --amp
+    python tools/benchmark.py --attention --size 1024 --batch-size 2
+    python tools/benchmark.py --model srvit_s_t3 --modes infer --references --amp both
+    python tools/benchmark.py --model srvit_s_t3 --references --compile both
+
+References: ``vit_same_depth`` is timm's ViT of the model's width and depth = D_eff (the
+physical reference of global attention); ``vitdet_same_depth`` is detectron2's own ViTDet ``ViT``
+with the first windowed variant's width, heads, depth = D_eff, window size and global
+applications, relative positions on (the physical reference of the windowed variants).
+Attention mode (``--attention``): the relative-position attention kernels one by one
+(``srvit_backbones.models.rel_pos.KERNELS`` and the default choice) beside flash attention
+without a bias, detectron2's formula and SDPA with a materialised bias, for the global grid of
+``--size`` and its 14x14 windows: forward and forward+backward times, what a training step
+keeps for the backward, GPU peak memory, and each output's and gradient's error against
+detectron2's formula.
+Variants: ``--variant NAME:key=value,...`` builds ``--model`` with those core (``SRViT``)
+arguments, values read as Python literals (``global_attn_indexes=(0, 31)``); several
+``--variant`` run interleaved and each is compared with the first, with its parameter count.
+Detector mode (``--detector CONFIG ...``): each detectron2 LazyConfig is built as
+tools/train_net.py builds it (``srvit_backbones.detectron2.training``: the config's model and
+optimizer) and steps on a synthetic batch at the config's input size
+(``model.backbone.square_pad``): images with a few boxes and polygon masks, as the COCO mapper
+yields them. A training step is forward, backward and optimizer step; ``--grad-checkpointing``
+sets the backbone's ``use_act_checkpoint``. ``--amp`` is ``srvit_backbones.amp``'s autocast
+(fp16 on CUDA, bf16 on a CPU with native bf16, a clear error on one without); ``--amp both``
+interleaves it with fp32. No loss scaling: the steps are timed, not trained to convergence.
+``--compile`` times ``torch.compile(model, backend=--compile-backend)`` (inductor by default);
+``--compile both`` pairs each model with its eager run. A compiled model's first step compiles
+it: it is timed on its own before the ``--warmup`` steps (``first_step_s``; ``compile_s`` =
+that minus the median step), and its row records the graph breaks and graphs dynamo made in
+it and the warm-up (``graph_breaks``, ``graph_break_reasons``, ``graphs``) and inductor's FX
+graph cache hits and misses (a warm cache from an earlier run shortens ``compile_s``).
+
+Timing: all models of a mode are built in one process and warmed up; then the timed
+repeats are interleaved: in every round each model runs one step in turn, in alternating
+order (A B C, C B A, ...). Compared models are timed seconds apart and share one allocator
+and one set of threads, so a machine whose speed drifts (shared VMs, GPU clocks) shifts them
+alike; per-round paired time ratios are reported with a bootstrap 95% interval. (Separate
+processes per model were tried first: on a shared 2-core VM they differed systematically by
+more than 5%, more than the differences being measured.)
+On Linux/glibc the timing process keeps freed memory (see ``keep_freed_memory``): otherwise
+a step's activations can be handed back to the kernel and faulted in again, which costs time
+and scatters it.
+Peak memory: after the timing, each model in a process of its own (``python -m
+srvit_backbones.benchmark --memory-worker``; CPU: growth of the peak resident set, parameters
+and optimizer state included; GPU: max allocated), so the figure is that model's alone.
+The table shows medians and spreads (min-max); --json writes every repeat and the command.
+"""
+import argparse
+import ast
+import collections
+import contextlib
+import functools
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import timm
+import torch
+
+from .. import amp
+from ..models import VARIANTS
+from .attention import ATTENTION_DTYPES, attention_rows, report_attention
+from .backbones import (REFERENCE_SAME_DEPTH, REFERENCE_VITDET, SAME_DEPTH, backbone_step, build, parse_variant,
+                        windowed_variant)
+from .hardware import machine_record
+from .timing import Timer, keep_freed_memory, minor_page_faults, paired_ratios, peak_rss_mib, synchronize
+
+SUBJECTS = ("srvit", "detectron2")  # what is measured; the other kinds are references
+SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # torch.compile backends --compile-backend takes
+
+
+# ---------------------------------------------------------------- one job: its model and step
+def build_job(job, args, device):
+    """(step, parameters in millions, input size) of one job."""
+    dtype = getattr(torch, job["amp_dtype"]) if job["amp"] else None
+    if job["kind"] == "detectron2":
+        from ..detectron2.benchmark import detector_step  # needs detectron2
+
+        step, model, size = detector_step(job["name"], job["overrides"], mode=job["mode"], batch_size=args.batch_size,
+                                          device=device, grad_checkpointing=job["grad_checkpointing"], amp_dtype=dtype)
+    else:
+        model = build(job["kind"], job["name"], args.size, job["grad_checkpointing"], job.get("model_args")).to(device)
+        compiled = torch.compile(model, backend=job.get("compile_backend") or "inductor") if job.get("compiled") \
+            else model
+        x = torch.randn(args.batch_size, 3, args.size, args.size, device=device)
+        step, size = backbone_step(compiled, job["mode"], x, dtype), args.size
+    return step, sum(p.numel() for p in model.parameters()) / 1e6, size
+
+
+@contextlib.contextmanager
+def compile_record():
+    """What dynamo and inductor did inside the block: graph breaks (count and the first line of
+    each reason), graphs made, FX graph cache hits and misses. Yields the dict it fills."""
+    from torch._dynamo.utils import counters
+
+    def snapshot():
+        return (collections.Counter(counters["graph_break"]), counters["stats"]["unique_graphs"],
+                counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"])
+
+    record = {}
+    breaks, graphs, hits, misses = snapshot()
+    yield record
+    breaks_after, graphs_after, hits_after, misses_after = snapshot()
+    new = breaks_after - breaks
+    record.update(graph_breaks=sum(new.values()), graph_break_reasons=[r.splitlines()[0][:200] for r in new],
+                  graphs=graphs_after - graphs, fx_graph_cache=dict(hits=hits_after - hits, misses=misses_after - misses))
+
+
+def time_interleaved(jobs, args, device):
+    """Build every job's model in this process and warm each up (a compiled model's first,
+    compiling step timed on its own before); then run ``args.repeats`` rounds of one step per
+    model, alternating the order every round (A B C, C B A, ...)."""
+    steps, extras, timers = [], [], []
+    for job in jobs:
+        step, params_m, size = build_job(job, args, device)
+        extra = dict(params_m=params_m, size=size)
+        if job.get("compiled"):
+            with compile_record() as record:
+                first = Timer(device, reset_peak=False)
+                with first.step():
+                    step()
+                for _ in range(args.warmup):
+                    step()
+            extra.update(first_step_s=first.times[0], **record)
+        else:
+            for _ in range(args.warmup):
+                step()
+        synchronize(device)  # the warm-up's queued work done
+        steps.append(step)
+        extras.append(extra)
+        timers.append(Timer(device, reset_peak=False))
+    faults = [[] for _ in jobs]
+    for r in range(args.repeats):
+        for i in (range(len(jobs)) if r % 2 == 0 else reversed(range(len(jobs)))):
+            f0 = minor_page_faults()
+            with timers[i].step():
+                steps[i]()
+            faults[i].append(minor_page_faults() - f0)
+    rows = []
+    for job, extra, timer, f in zip(jobs, extras, timers, faults):
+        t = timer.times
+        row = dict(job, **extra, batch_size=args.batch_size, times_s=t, step_started=timer.started,
+                   median_s=statistics.median(t), min_s=min(t), max_s=max(t),
+                   img_per_s=args.batch_size / statistics.median(t), minor_page_faults=f)
+        if "first_step_s" in row:
+            row["compile_s"] = row["first_step_s"] - row["median_s"]
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- peak memory, one process per job
+def peak_memory_worker(args):
+    """In a process of its own: build, run two steps (the second one with the optimizer state
+    that the first created), print the peak memory."""
+    device = torch.device(args.device)
+    job = ast.literal_eval(args.job)
+    rss_before = peak_rss_mib()
+    step = build_job(job, args, device)[0]
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for _ in range(2):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        print(json.dumps(dict(peak_mib=torch.cuda.max_memory_allocated() / 2 ** 20, peak_kind="cuda_max_allocated_mib")))
+    else:
+        growth = peak_rss_mib() - rss_before
+        print(json.dumps(dict(peak_mib=growth, peak_kind="cpu_peak_rss_growth_mib")))
+
+
+def measure_peak_memory(job, args):
+    argv = [sys.executable, "-m", "srvit_backbones.benchmark", "--memory-worker", "--job", repr(job),
+            "--size", str(args.size), "--batch-size", str(args.batch_size), "--device", args.device]
+    out = subprocess.run(argv, capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"peak-memory measurement failed ({label(job)}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def release_device_memory(device):
+    """What the timing process held on the GPU handed back before the memory processes start."""
+    gc.collect()
+    if device.type == "cuda":
+        torch._dynamo.reset()  # compiled code keeps its model alive
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------- comparisons and report
+def label(row):
+    if row["kind"] == REFERENCE_SAME_DEPTH:
+        name = f"timm ViT depth={_deff(row['name'])}"
+    elif row["kind"] == REFERENCE_VITDET:
+        name = f"detectron2 ViTDet depth={_deff(row['name'])}"
+    elif row["kind"] == "detectron2":
+        name = os.path.splitext(os.path.basename(row["name"]))[0]
+    else:
+        name = row["name"] + (f"[{row['variant']}]" if row.get("variant") else "")
+    return (f"{name} {row['mode']}" + (" ckpt" if row["grad_checkpointing"] else "")
+            + (f" {SHORT_DTYPE.get(row['amp_dtype'], row['amp_dtype'])}" if row["amp"] else "")
+            + (" compiled" if row.get("compiled") else ""))
+
+
+@functools.lru_cache(maxsize=None)
+def _deff(name):
+    return timm.create_model(name, num_classes=0, img_size=32).effective_depth
+
+
+def paired_ratio(a, b):
+    """Time ratio a/b of two rows from their per-round ratios (``paired_ratios``), the ratio of
+    the best (minimum) times, which estimates the undisturbed cost when interference only ever
+    slows a step down, and the rows' peak memory ratio and parameter difference."""
+    return dict(a=label(a), b=label(b), **paired_ratios(a["times_s"], b["times_s"]),
+                best_ratio=a["min_s"] / b["min_s"],
+                peak_ratio=a["peak_mib"] / b["peak_mib"] if b["peak_mib"] else None,
+                params_diff_m=a["params_m"] - b["params_m"])
+
+
+def model_key(row):
+    return row["kind"], row["name"], row.get("variant"), tuple(row.get("overrides", ()))
+
+
+def comparisons(rows):
+    """Within one mode: every measured model (SR-ViT variant or detector config) against every
+    reference and against the first measured model, at equal checkpointing, precision and
+    compilation; and each measured model with checkpointing against itself without, with
+    autocast against itself in fp32, compiled against itself eager."""
+    subjects = [r for r in rows if r["kind"] in SUBJECTS]
+    first = model_key(subjects[0]) if subjects else None
+    out = []
+    for a in subjects:
+        for b in rows:
+            if b is a or b["mode"] != a["mode"]:
+                continue
+            same_ckpt, same_amp = a["grad_checkpointing"] == b["grad_checkpointing"], a["amp"] == b["amp"]
+            same_compile = a.get("compiled") == b.get("compiled")
+            if model_key(b) == model_key(a):
+                if (same_amp and same_compile and a["grad_checkpointing"] and not b["grad_checkpointing"]) or \
+                        (same_ckpt and same_compile and a["amp"] and not b["amp"]) or \
+                        (same_ckpt and same_amp and a.get("compiled") and not b.get("compiled")):
+                    out.append(paired_ratio(a, b))
+            elif same_ckpt and same_amp and same_compile and (b["kind"] not in SUBJECTS or model_key(b) == first):
+                out.append(paired_ratio(a, b))
+    return out
+
+
+def report(rows, ratios):
+    width = max(len(label(r)) for r in rows) + 2
+    print(f"{'model':<{width}} {'params M':>9} {'median s':>9} {'spread s':>17} {'img/s':>8} {'peak MiB':>9}")
+    for r in rows:
+        print(f"{label(r):<{width}} {r['params_m']:>9.3f} {r['median_s']:>9.4f} {r['min_s']:>8.4f}-{r['max_s']:<8.4f} "
+              f"{r['img_per_s']:>8.2f} {r['peak_mib']:>9.0f}")
+    for r in rows:
+        if "first_step_s" in r:
+            print(f"{label(r)}: first (compiling) step {r['first_step_s']:.2f} s, compile {r['compile_s']:.2f} s, "
+                  f"{r['graph_breaks']} graph breaks, {r['graphs']} graphs, FX graph cache {r['fx_graph_cache']}")
+    print("\ntime ratios: median of the per-round ratios [bootstrap 95% interval] (min-max), ratio of the best "
+          "times; throughput ratio = 1 / time ratio")
+    for c in ratios:
+        peak = f", peak memory ratio {c['peak_ratio']:.3f}" if c["peak_ratio"] else ""
+        params = f", params {c['params_diff_m']:+.3f}M" if c["params_diff_m"] else ""
+        print(f"{c['a']} / {c['b']}: {c['median']:.3f} [{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}] "
+              f"({c['min']:.3f}-{c['max']:.3f}), best {c['best_ratio']:.3f}{peak}{params}")
+
+
+# ---------------------------------------------------------------- command line
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="tools/benchmark.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="srvit_s_t3", help="SR-ViT variant")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME:key=value,...",
+                   help="--model with these core arguments (Python literals); repeat to compare, the first is "
+                        "the baseline; e.g. --variant global: --variant win:window_size=14,use_rel_pos=True")
+    p.add_argument("--detector", nargs="+", metavar="CONFIG",
+                   help="time whole detectron2 steps of these LazyConfigs (paths or shipped names) instead of "
+                        "backbones, at each config's input size (--model, --variant, --references, --size unused)")
+    p.add_argument("--detector-opts", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="overrides applied to every --detector config, as tools/train_net.py takes them")
+    p.add_argument("--size", type=int, default=224, help="224 (classification), 512 (seg), 1024 (det)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--modes", nargs="+", default=["infer", "train"], choices=["infer", "train"])
+    p.add_argument("--grad-checkpointing", choices=["off", "on", "both"], default="off",
+                   help="activation checkpointing in the training step")
+    p.add_argument("--references", nargs="*", default=[REFERENCE_SAME_DEPTH, "deit_small_patch16_224",
+                                                        "deit_base_patch16_224"],
+                   help=f"{REFERENCE_SAME_DEPTH}, {REFERENCE_VITDET} (the windowed variants' reference; needs "
+                        f"detectron2) and/or timm model names; empty: SR-ViT alone")
+    p.add_argument("--attention", action="store_true",
+                   help="time the relative-position attention kernels at --size (global grid and 14x14 windows) "
+                        "against flash attention, detectron2's formula and SDPA with a bias")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per model")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds (one step per model each)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--amp", nargs="?", const="on", default="off", choices=["off", "on", "both"],
+                   help="autocast (fp16 on CUDA, bf16 on a CPU with native bf16); 'both': with and without")
+    p.add_argument("--compile", nargs="?", const="on", default="off", choices=["off", "on", "both"],
+                   help="torch.compile the models; 'both': compiled and eager, paired")
+    p.add_argument("--compile-backend", default="inductor", choices=COMPILE_BACKENDS,
+                   help="torch.compile's backend with --compile (aot_eager / eager: dynamo's graphs and breaks "
+                        "without inductor's code generation, e.g. for a quick check on a CPU)")
+    p.add_argument("--json", help="write results here")
+    p.add_argument("--default-malloc", action="store_true",
+                   help="time with the C library's default allocator settings (see keep_freed_memory)")
+    # internal: the peak-memory process of one job
+    p.add_argument("--memory-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--job", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def check_args(args):
+    """Every problem with the arguments at once, each with what to do; returns the parsed
+    variants [(name, core arguments)] and the autocast dtype (None without --amp)."""
+    errors, variants, dtype = [], [], None
+    if args.model not in VARIANTS:
+        errors.append(f"unknown --model {args.model!r}; known: {', '.join(VARIANTS)}")
+    if args.size < 16 or args.size % 16:
+        errors.append(f"--size {args.size} is not a positive multiple of the patch size 16")
+    if args.batch_size < 1 or args.warmup < 0 or args.repeats < 1:
+        errors.append("--batch-size and --repeats must be >= 1, --warmup >= 0")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        errors.append(f"--device {args.device}: CUDA is not available here; use --device cpu")
+    elif args.amp != "off":
+        try:
+            dtype = str(amp.amp_dtype(args.device)).replace("torch.", "")
+        except ValueError as e:
+            errors.append(str(e))
+    if args.compile == "off" and args.compile_backend != "inductor":
+        errors.append(f"--compile-backend {args.compile_backend} chooses --compile's backend: add --compile")
+    if args.attention and (args.detector or args.variant or args.amp != "off" or args.compile != "off"):
+        errors.append("--attention times the attention kernels alone, in both of the device's precisions "
+                      f"({', '.join(ATTENTION_DTYPES['cuda' if args.device.startswith('cuda') else 'cpu'])}): "
+                      "drop --detector, --variant, --amp and --compile")
+    if args.detector:
+        if args.compile != "off":
+            errors.append("--compile times compiled backbones (--model, --variant); a --detector step is eager")
+        if args.variant:
+            errors.append("--variant changes the --model backbone; with --detector pass config overrides "
+                          "with --detector-opts (e.g. model.backbone.net.window_size=14)")
+    else:
+        for ref in args.references:
+            if ref not in SAME_DEPTH and not timm.is_model(ref):
+                errors.append(f"--references {ref!r} is neither one of {SAME_DEPTH} nor a timm model name")
+        for spec in args.variant:
+            try:
+                variants.append(parse_variant(spec))
+            except ValueError as e:
+                errors.append(str(e))
+        if REFERENCE_VITDET in args.references and not windowed_variant(variants):
+            errors.append(f"--references {REFERENCE_VITDET} mirrors a windowed model: add a --variant with windows, "
+                          f"e.g. --variant win:window_size=14,use_rel_pos=True")
+        names = [name for name, _ in variants]
+        if len(set(names)) != len(names):
+            errors.append(f"--variant names must differ, got {names}")
+    if not errors and variants:  # the core's own checks (a window size < 0, ...), before any timing
+        for name, kwargs in variants:
+            try:
+                build("srvit", args.model, args.size, False, kwargs)
+            except (TypeError, ValueError) as e:
+                errors.append(f"--variant {name}: {args.model} refuses {kwargs}: {e}")
+    if not errors and args.detector:  # a wrong name or a config without an input size, before any timing
+        from ..detectron2.benchmark import detector_config  # needs detectron2
+
+        for config in args.detector:
+            try:
+                detector_config(config, args.detector_opts)
+            except (FileNotFoundError, ValueError) as e:
+                errors.append(str(e))
+    if errors:
+        sys.exit("benchmark: " + "; ".join(errors))
+    return variants, dtype
+
+
+def make_jobs(args, variants, dtype, mode):
+    ckpt = {"off": [False], "on": [True], "both": [False, True]}[args.grad_checkpointing]
+    amps = {"off": [False], "on": [True], "both": [False, True]}[args.amp]
+    compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    if args.detector:
+        models = [dict(kind="detectron2", name=c, overrides=list(args.detector_opts)) for c in args.detector]
+    else:
+        models = ([dict(kind="srvit", name=args.model, variant=name, model_args=kwargs) for name, kwargs in variants]
+                  or [dict(kind="srvit", name=args.model)])
+        models += [dict(kind=REFERENCE_SAME_DEPTH, name=args.model) if r == REFERENCE_SAME_DEPTH
+                   else dict(kind=REFERENCE_VITDET, name=args.model, model_args=windowed_variant(variants))
+                   if r == REFERENCE_VITDET else dict(kind="timm", name=r) for r in args.references]
+    return [dict(m, mode=mode, grad_checkpointing=c, amp=a, amp_dtype=dtype if a else None, compiled=compiled,
+                 **(dict(compile_backend=args.compile_backend) if compiled else {}))
+            for m in models for c in (ckpt if mode == "train" else [False]) for a in amps for compiled in compiles]
+
+
+def command_line(argv):
+    """The command that reproduces this run: the script and its arguments (tools/benchmark.py
+    with ``argv`` when another tool ran the benchmark with them)."""
+    if argv is None:
+        return " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])
+    return " ".join(["tools/benchmark.py"] + list(argv))
+
+
+def write_json(path, result):
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+def main(argv=None):
+    """tools/benchmark.py: parse ``argv``, time, report; returns the result written to --json."""
+    args = parse_args(argv)
+    if args.memory_worker:
+        return peak_memory_worker(args)
+    variants, dtype = check_args(args)
+    device = torch.device(args.device)
+    if args.attention:
+        rows = attention_rows(args.size, args.batch_size, device, args.warmup, args.repeats)
+        report_attention(rows)
+        result = dict(command=command_line(argv), rows=rows, machine=machine_record(device))
+        write_json(args.json, result)
+        return result
+    torch.manual_seed(0)
+    malloc = None if args.default_malloc else keep_freed_memory()
+    rows = []
+    for mode in args.modes:
+        jobs = make_jobs(args, variants, dtype, mode)
+        timed = time_interleaved(jobs, args, device)
+        release_device_memory(device)
+        rows += [dict(row, **measure_peak_memory(job, args)) for job, row in zip(jobs, timed)]
+    ratios = comparisons(rows)
+    report(rows, ratios)
+    machine = dict(machine_record(device), timm=timm.__version__)
+    if args.detector:
+        import detectron2
+        machine["detectron2"] = detectron2.__version__
+    result = dict(command=command_line(argv), machine=machine,
+                  method=dict(time="interleaved rounds in one process", malloc=malloc or "default",
+                              peak_memory="one process per model after the timing, default allocator",
+                              amp_dtype=dtype),
+                  rows=rows, comparisons=ratios)
+    write_json(args.json, result)
+    return result

@@ -1,0 +1,125 @@
+"""detectron2's part of the measuring harness (``srvit_backbones.benchmark``): a config's
+detector stepped on synthetic COCO-like images, directly (the benchmark's detector mode) or
+through detectron2's own trainer (the GPU check), and detectron2's ViTDet ``ViT`` as the
+windowed backbones' anchor."""
+import functools
+import itertools
+
+import torch
+from detectron2.engine import HookBase
+from detectron2.modeling import ViT
+from detectron2.structures import Instances, PolygonMasks
+from detectron2.utils.events import EventStorage
+
+from ..amp import autocast
+from ..benchmark.timing import Timer, train_step
+from .training import build_model, build_optimizer, load_config, trainer_class
+
+
+def detector_config(config, opts=(), grad_checkpointing=False):
+    """(cfg, input size): the config as tools/train_net.py loads it, with ``opts`` (and the
+    backbone's activation checkpointing); the size is ``model.backbone.square_pad`` (ViTDet's
+    input), a ValueError naming the fix where the config has none."""
+    opts = list(opts) + (["model.backbone.net.use_act_checkpoint=True"] if grad_checkpointing else [])
+    cfg = load_config(config, opts)
+    size = cfg.model.backbone.get("square_pad") if "backbone" in cfg.model else None
+    if not isinstance(size, int) or size <= 0:
+        raise ValueError(f"--detector {config}: the detector mode needs model.backbone.square_pad (the ViTDet "
+                         f"input size; the images are made that size), got {size!r}: use a config with a "
+                         f"SimpleFeaturePyramid backbone such as detectron2_configs/mask_rcnn_srvit_s_t3.py")
+    return cfg, size
+
+
+def synthetic_detection_batch(batch_size, size):
+    """Images with four instances each (boxes, classes, polygon masks), as detectron2's COCO
+    mapper yields them (uint8 CHW image, ``Instances`` with polygon ``gt_masks``)."""
+    g = torch.Generator().manual_seed(0)
+    shapes = [(0.10, 0.10, 0.40, 0.50), (0.50, 0.20, 0.90, 0.60), (0.20, 0.60, 0.50, 0.90), (0.60, 0.65, 0.85, 0.95)]
+    batch = []
+    for _ in range(batch_size):
+        polygons = [[[x0 * size, y0 * size, x1 * size, y0 * size, (x0 + x1) / 2 * size, y1 * size]]
+                    for x0, y0, x1, y1 in shapes]  # triangles
+        masks = PolygonMasks(polygons)
+        instances = Instances((size, size), gt_boxes=masks.get_bounding_boxes(),
+                              gt_classes=torch.tensor([1, 2, 3, 4]), gt_masks=masks)
+        batch.append({"image": torch.randint(0, 256, (3, size, size), dtype=torch.uint8, generator=g),
+                      "instances": instances, "height": size, "width": size})
+    return batch
+
+
+def detector_step(config, opts=(), *, mode="train", batch_size=1, device="cpu", grad_checkpointing=False,
+                  amp_dtype=None):
+    """(step, model, input size): one inference or training step (forward, backward, the
+    config's optimizer) of the config's model on a synthetic batch at its input size, autocast
+    to ``amp_dtype`` if given (no loss scaling: timed, not trained); the model moves the inputs
+    to its device."""
+    cfg, size = detector_config(config, opts, grad_checkpointing)
+    model = build_model(cfg, device)
+    batch = synthetic_detection_batch(batch_size, size)
+
+    def amp():
+        return autocast(str(device), amp_dtype is not None, amp_dtype)
+
+    if mode == "infer":
+        model.eval()
+        images = [{k: v for k, v in x.items() if k != "instances"} for x in batch]
+
+        def step():
+            with torch.inference_mode(), amp():
+                model(images)
+        return step, model, size
+    model.train()
+    optimizer = build_optimizer(cfg, model)
+
+    def step():
+        with EventStorage(), amp():  # the detector logs training statistics
+            losses = model(batch)
+        train_step(sum(loss.float() for loss in losses.values()), optimizer)
+    return step, model, size
+
+
+def trainer_steps(config, opts=(), *, images=1, warmup=1, steps=1):
+    """``warmup + steps`` iterations of detectron2's trainer for the config (``AMPTrainer`` where
+    ``train.amp.enabled``, as tools/train_net.py chooses), on ``train.device``, over one
+    synthetic batch at the config's input size: s/iter, peak memory, loss, grad scale."""
+    cfg, size = detector_config(config, opts)
+    model = build_model(cfg)
+    trainer = trainer_class(cfg)(model, itertools.repeat(synthetic_detection_batch(images, size)),
+                                 build_optimizer(cfg, model))
+    timer = Timer(cfg.train.device)
+
+    class TimeSteps(HookBase):
+        def before_step(self):
+            timer.start()
+
+        def after_step(self):
+            timer.stop()
+
+    trainer.register_hooks([TimeSteps()])
+    trainer.train(0, warmup + steps)
+    return dict(config=config, size=size, images_per_gpu=images, trainer=type(trainer).__name__,
+                grad_scale=trainer.grad_scaler.get_scale() if hasattr(trainer, "grad_scaler") else None,
+                total_loss=trainer.storage.latest()["total_loss"][0], **timer.summary(warmup))
+
+
+class LastFeature(torch.nn.Module):
+    """detectron2's ``ViT`` returns {"last_feat": map}; the steps take the map."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        return self.net(x)["last_feat"]
+
+
+def vitdet_same_depth(model, size, grad_ckpt):
+    """detectron2's ViTDet ``ViT`` applying as many blocks as ``model`` (an SR-ViT) does, of its
+    width and heads, windowed and global where its applications are, relative positions on."""
+    depth = model.effective_depth
+    return LastFeature(ViT(
+        img_size=size, patch_size=16, embed_dim=model.embed_dim, depth=depth,
+        num_heads=model.units[0].blocks[0].attn.num_heads, mlp_ratio=4, qkv_bias=True,
+        norm_layer=functools.partial(torch.nn.LayerNorm, eps=1e-6), window_size=model.window_size,
+        window_block_indexes=[i for i in range(depth) if i not in model.global_attn_indexes],
+        use_rel_pos=True, use_act_checkpoint=grad_ckpt, out_feature="last_feat"))
