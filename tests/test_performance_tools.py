@@ -1,8 +1,8 @@
-"""torch.compile of the core model, the mixture visualisation, and the benchmark tool
-(which is exercised, never timed, here)."""
-import argparse
+"""torch.compile of the core model, the measuring harness (``srvit_backbones.benchmark`` and the
+adapters' parts) and the benchmark tool, its entry point (exercised, never timed, here)."""
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -93,25 +93,24 @@ def test_benchmark_tool_refuses_bad_arguments():
 
 ALLOCATE_AND_FREE = """
 import sys, torch
-sys.path.insert(0, sys.argv[1])
-import benchmark
-if sys.argv[2] == "keep":
-    assert benchmark.keep_freed_memory() is not None
+from srvit_backbones.benchmark import timing
+if sys.argv[1] == "keep":
+    assert timing.keep_freed_memory() is not None
 def step():  # like a forward pass: many large buffers, all freed at the end
     buffers = [torch.ones(2 ** 21) for _ in range(24)]  # 24 x 8 MiB
     del buffers
 step()
-before = benchmark.minor_page_faults()
+before = timing.minor_page_faults()
 for _ in range(5):
     step()
-print(benchmark.minor_page_faults() - before)
+print(timing.minor_page_faults() - before)
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings")
 def test_benchmark_keeps_freed_memory_instead_of_faulting_it_in_every_step():
     def faults(setting):
-        out = subprocess.run([sys.executable, "-c", ALLOCATE_AND_FREE, os.path.join(ROOT, "tools"), setting],
+        out = subprocess.run([sys.executable, "-c", ALLOCATE_AND_FREE, setting],
                              capture_output=True, text=True, check=True)
         return int(out.stdout.split()[-1])
     default, kept = faults("default"), faults("keep")
@@ -206,15 +205,53 @@ def test_benchmark_detector_mode_times_whole_training_steps_of_configs(tmp_path)
     assert (c["a"], c["b"]) == ("mask_rcnn_srvit_tiny_win_cpu train", "mask_rcnn_srvit_tiny_cpu train")
     assert c["params_diff_m"] > 0  # the windowed backbone's relative-position tables
 
-    # one step is forward, backward and the config's optimizer step, on the synthetic batch
-    job = dict(kind="detectron2", name="quickstart/mask_rcnn_srvit_tiny_cpu.py", overrides=TINY_DETECTOR_OPTS, mode="train",
-               grad_checkpointing=True, amp=False, amp_dtype=None)
-    step, model, size = bench.make_detector_step(job, argparse.Namespace(batch_size=2), torch.device("cpu"))
+
+def test_the_detector_step_is_the_configs_model_and_optimizer_on_a_synthetic_batch():
+    """One step is forward, backward and the config's optimizer step (the model and optimizer
+    tools/train_net.py builds), on images with boxes and polygon masks at the config's input size;
+    detectron2's own trainer steps the same config."""
+    from detectron2.structures import Instances, PolygonMasks
+
+    from srvit_backbones.detectron2.benchmark import detector_step, synthetic_detection_batch, trainer_steps
+
+    batch = synthetic_detection_batch(2, 48)
+    assert [sorted(x) for x in batch] == [["height", "image", "instances", "width"]] * 2
+    image, instances = batch[0]["image"], batch[0]["instances"]
+    assert image.shape == (3, 48, 48) and image.dtype == torch.uint8 and isinstance(instances, Instances)
+    assert isinstance(instances.gt_masks, PolygonMasks) and instances.gt_classes.tolist() == [1, 2, 3, 4]
+    assert ((instances.gt_boxes.tensor >= 0) & (instances.gt_boxes.tensor <= 48)).all()
+    assert torch.equal(image, synthetic_detection_batch(1, 48)[0]["image"])  # seeded
+
+    step, model, size = detector_step("quickstart/mask_rcnn_srvit_tiny_cpu.py", TINY_DETECTOR_OPTS, mode="train",
+                                      batch_size=2, device="cpu", grad_checkpointing=True)
     assert size == 64 and model.backbone.net.srvit.grad_checkpointing
     weight = model.roi_heads.mask_head.predictor.weight
     before = weight.detach().clone()
     step()
     assert not torch.equal(before, weight) and weight.grad is None
+    infer, _, _ = detector_step("quickstart/mask_rcnn_srvit_tiny_cpu.py", TINY_DETECTOR_OPTS, mode="infer")
+    infer()
+
+    row = trainer_steps("quickstart/mask_rcnn_srvit_tiny_cpu.py", [*TINY_DETECTOR_OPTS, "train.device=cpu"],
+                        images=1, warmup=1, steps=1)
+    assert row["trainer"] == "SimpleTrainer" and row["grad_scale"] is None and len(row["times_s"]) == 2
+    assert row["s_per_iter"] == row["times_s"][1] and torch.isfinite(torch.tensor(row["total_loss"]))
+
+
+def test_detectron2_configs_load_as_train_net_loads_them():
+    from srvit_backbones.detectron2.benchmark import detector_config
+    from srvit_backbones.detectron2.training import build_model, build_optimizer, load_config, trainer_class
+
+    cfg = load_config("quickstart/mask_rcnn_srvit_tiny_cpu.py", ["train.amp.enabled=True", "train.device=cpu"])
+    assert trainer_class(cfg).__name__ == "AMPTrainer" and cfg.train.device == "cpu"
+    model = build_model(cfg)
+    optimizer = build_optimizer(cfg, model)
+    assert {id(p) for g in optimizer.param_groups for p in g["params"]} == {
+        id(p) for p in model.parameters() if p.requires_grad}
+    with pytest.raises(FileNotFoundError, match="'no_such_config.py' not found"):
+        load_config("no_such_config.py")
+    with pytest.raises(ValueError, match="needs model.backbone.square_pad"):
+        detector_config("quickstart/mask_rcnn_srvit_tiny_cpu.py", ["model.backbone.square_pad=0"])
 
 
 def test_benchmark_detector_mode_refuses_unknown_configs():
@@ -224,68 +261,126 @@ def test_benchmark_detector_mode_refuses_unknown_configs():
 
 
 def test_benchmark_compile_pairs_each_model_with_its_eager_run():
-    """``--compile both``: every model twice, compiled and eager; a compiled row is compared
-    with its own eager row and with the other compiled models only; a detector is refused."""
-    bench = load_tool("benchmark")
-    args = bench.parse_args(["--model", "srvit_t_t2", "--compile", "both", "--references", "deit_small_patch16_224"])
-    jobs = bench.make_jobs(args, [], None, "infer")
-    assert [(j["name"], j["compiled"]) for j in jobs] == [("srvit_t_t2", False), ("srvit_t_t2", True),
-                                                          ("deit_small_patch16_224", False),
-                                                          ("deit_small_patch16_224", True)]
+    """``--compile both``: every model twice, compiled (with its backend) and eager; a compiled
+    row is compared with its own eager row and with the other compiled models only; a detector
+    is refused, and so is a backend without --compile."""
+    from srvit_backbones.benchmark import runner
+
+    args = runner.parse_args(["--model", "srvit_t_t2", "--compile", "both", "--references", "deit_small_patch16_224"])
+    jobs = runner.make_jobs(args, [], None, "infer")
+    assert [(j["name"], j["compiled"], j.get("compile_backend")) for j in jobs] == [
+        ("srvit_t_t2", False, None), ("srvit_t_t2", True, "inductor"),
+        ("deit_small_patch16_224", False, None), ("deit_small_patch16_224", True, "inductor")]
     rows = [dict(j, times_s=[1.0, 2.0], min_s=1.0, peak_mib=10.0, params_m=1.0) for j in jobs]
-    assert sorted((c["a"], c["b"]) for c in bench.comparisons(rows)) == [
+    assert sorted((c["a"], c["b"]) for c in runner.comparisons(rows)) == [
         ("srvit_t_t2 infer", "deit_small_patch16_224 infer"),
         ("srvit_t_t2 infer compiled", "deit_small_patch16_224 infer compiled"),
         ("srvit_t_t2 infer compiled", "srvit_t_t2 infer")]
+    bench = load_tool("benchmark")
     with pytest.raises(SystemExit, match="--compile times compiled backbones"):
         bench.main(["--detector", "mask_rcnn_srvit_s_t3.py", "--compile"])
+    with pytest.raises(SystemExit, match="--compile-backend aot_eager chooses --compile's backend: add --compile"):
+        bench.main(["--compile-backend", "aot_eager"])
+
+
+def test_a_compiled_models_graph_breaks_and_graphs_are_recorded():
+    """What ``compile_record`` reports of a compiled call (the benchmark's compiled rows; the GPU
+    check's (g) fails on a graph break): a function that breaks once makes two graphs."""
+    from srvit_backbones.benchmark.runner import compile_record
+
+    def breaks_once(x):
+        x = x.sin()
+        print("a graph break")
+        return x.cos()
+
+    torch._dynamo.reset()
+    with compile_record() as record:
+        torch.compile(breaks_once, backend="eager")(torch.randn(3))
+    assert (record["graph_breaks"], record["graphs"]) == (1, 2) and "print" in record["graph_break_reasons"][0]
+    with compile_record() as record:
+        torch.compile(lambda x: x.sin().cos(), backend="eager")(torch.randn(3))
+    assert record == dict(graph_breaks=0, graph_break_reasons=[], graphs=1, fx_graph_cache=dict(hits=0, misses=0))
+
+
+def test_the_timer_synchronises_and_the_paired_ratios_read_rounds():
+    from srvit_backbones.benchmark import Timer, cosine, paired_ratios
+
+    timer = Timer("cpu")
+    for _ in range(3):
+        with timer.step():
+            torch.ones(1000).sum()
+    assert len(timer.times) == len(timer.started) == 3 and all(t > 0 for t in timer.times)
+    assert timer.started == sorted(timer.started)
+    summary = timer.summary(warmup=1)
+    assert summary["s_per_iter"] == statistics.median(timer.times[1:])
+    assert summary["times_s"] == timer.times and summary["warmup_steps"] == 1 and "peak_memory_gb" not in summary
+    assert timer.summary(warmup=5)["s_per_iter"] == statistics.median(timer.times)  # fewer steps than the warm-up
+
+    ratios = paired_ratios([2.0, 4.0, 3.0], [1.0, 2.0, 2.0])
+    assert ratios["time_ratios"] == [2.0, 2.0, 1.5] and ratios["median"] == 2.0
+    assert (ratios["min"], ratios["max"]) == (1.5, 2.0) and 1.5 <= ratios["ci95"][0] <= ratios["ci95"][1] <= 2.0
+    assert cosine(torch.tensor([1.0, 0.0]), torch.tensor([2.0, 0.0])) == 1.0
+    assert abs(cosine(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 3.0]))) < 1e-12
+
+
+def test_the_synthetic_segmentation_batch_and_image_folder(tmp_path):
+    from srvit_backbones.benchmark.data import synthetic_image_folder
+    from srvit_backbones.mmseg.benchmark import synthetic_segmentation_batch
+
+    inputs, samples = synthetic_segmentation_batch(2, 32, classes=5)
+    assert [x.shape for x in inputs] == [(3, 32, 32)] * 2 and inputs[0].dtype == torch.uint8
+    labels = samples[0].gt_sem_seg.data
+    assert labels.shape == (1, 32, 32) and 0 <= labels.min() and labels.max() < 5
+    assert samples[1].metainfo["img_shape"] == (32, 32)
+    root = synthetic_image_folder(str(tmp_path / "folder"), classes=3, images=2, size=16)
+    assert sorted(os.listdir(os.path.join(root, "train"))) == ["class0", "class1", "class2"]
+    assert sorted(os.listdir(os.path.join(root, "val", "class1"))) == ["0.jpg", "1.jpg"]
+
+
+def test_no_tool_loads_another_and_the_harness_imports_no_framework():
+    """tools/ are entry points over the package (none loads another tools/ script by path);
+    importing the harness, as importing srvit_backbones, imports no framework."""
+    for name in os.listdir(os.path.join(ROOT, "tools")):
+        if name.endswith(".py"):
+            with open(os.path.join(ROOT, "tools", name)) as f:
+                assert "spec_from_file_location" not in f.read(), name
+    code = ("import sys, srvit_backbones.benchmark, srvit_backbones.benchmark.runner, srvit_backbones.benchmark.devices, "
+            "srvit_backbones.benchmark.data, srvit_backbones.benchmark.attention; "
+            "print(sorted(n for n in sys.modules if n.split('.')[0] in "
+            "('detectron2', 'mmseg', 'mmdet', 'mmengine', 'mmcv') or n.startswith('srvit_backbones.detectron2')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_vitdet_same_depth_is_detectron2s_vit_with_the_windowed_variants_applications():
     """The windowed reference: detectron2's own ViT, as deep as the variant applies blocks, its
-    global blocks where the variant's global applications are, relative positions on; timed and
-    paired with every variant."""
-    bench = load_tool("benchmark")
+    global blocks where the variant's global applications are, relative positions on (timed and
+    paired with every variant: tests/test_gpu_check.py's (f))."""
     from detectron2.modeling.backbone.vit import ViT
 
+    from srvit_backbones.benchmark.backbones import build
+
     windowed = create_srvit("srvit_t_t2", img_size=64, window_size=2, use_rel_pos=True, num_classes=0)
-    ref = bench.build("vitdet_same_depth", "srvit_t_t2", 64, False, dict(window_size=2, use_rel_pos=True))
+    ref = build("vitdet_same_depth", "srvit_t_t2", 64, False, dict(window_size=2, use_rel_pos=True))
     net = ref.net
     assert isinstance(net, ViT) and len(net.blocks) == windowed.effective_depth == 14
     assert [i for i, b in enumerate(net.blocks) if b.window_size == 0] == list(windowed.global_attn_indexes)
     assert all(b.attn.use_rel_pos and b.attn.num_heads == 6 for b in net.blocks) and net.blocks[0].window_size == 2
     assert ref(torch.randn(1, 3, 64, 64)).shape == (1, 384, 4, 4)
-
-    result = bench.main(["--model", "srvit_t_t2", "--size", "64", "--batch-size", "1", "--warmup", "0",
-                         "--repeats", "1", "--modes", "train", "--references", "vitdet_same_depth",
-                         "--variant", "global:", "--variant", "win:window_size=2,use_rel_pos=True", "--default-malloc"])
-    pairs = {(c["a"], c["b"]) for c in result["comparisons"]}
-    assert ("srvit_t_t2[win] train", "detectron2 ViTDet depth=14 train") in pairs
-    assert ("srvit_t_t2[global] train", "detectron2 ViTDet depth=14 train") in pairs
     with pytest.raises(SystemExit, match="vitdet_same_depth mirrors a windowed model: add a --variant with windows"):
-        bench.main(["--model", "srvit_t_t2", "--references", "vitdet_same_depth"])
+        load_tool("benchmark").main(["--model", "srvit_t_t2", "--references", "vitdet_same_depth"])
 
 
-def test_detectron2s_vitdet_b_reference_config_is_timed_beside_ours():
-    """The shipped ViTDet ViT-B reference (detectron2's model zoo model and optimizer) runs in
-    the detector mode next to our windowed detector, in one command; as the first config it is
-    the baseline ours is paired with (ours / ViTDet-B)."""
-    bench = load_tool("benchmark")
-    cfg, size = bench.detector_config(dict(name="reference/mask_rcnn_vitdet_b.py", overrides=[], grad_checkpointing=False))
+def test_detectron2s_vitdet_b_reference_config_is_the_model_zoos():
+    """The shipped ViTDet ViT-B reference (detectron2's model zoo model and optimizer), the first
+    --detector config in the GPU figures, so the baseline ours is paired with (ours / ViTDet-B;
+    stepped beside ours in tests/test_gpu_check.py's (a))."""
+    from srvit_backbones.detectron2.benchmark import detector_config
+
+    cfg, size = detector_config("reference/mask_rcnn_vitdet_b.py")
     net = cfg.model.backbone.net
     assert (size, net.embed_dim, net.depth, net.window_size, list(net.window_block_indexes)) == (
         1024, 768, 12, 14, [0, 1, 3, 4, 6, 7, 9, 10])
-    narrow = [f"model.{key}=64" for key in (
-        "backbone.net.embed_dim", "backbone.out_channels", "proposal_generator.head.in_channels",
-        "roi_heads.box_head.input_shape.channels", "roi_heads.box_predictor.input_shape.channels",
-        "roi_heads.mask_head.input_shape.channels", "roi_heads.batch_size_per_image")]
-    narrow += ["model.backbone.net.num_heads=2", "model.roi_heads.box_head.conv_dims=[64,64]",
-               "model.roi_heads.box_head.fc_dims=[64]", "model.roi_heads.mask_head.conv_dims=[64,64]"]
-    result = bench.main(["--detector", "reference/mask_rcnn_vitdet_b.py", "quickstart/mask_rcnn_srvit_tiny_win_cpu.py",
-                         "--detector-opts", *TINY_DETECTOR_OPTS, *narrow, "--batch-size", "1", "--warmup", "0",
-                         "--repeats", "1", "--modes", "train", "--default-malloc"])
-    (c,) = result["comparisons"]
-    assert (c["a"], c["b"]) == ("mask_rcnn_srvit_tiny_win_cpu train", "mask_rcnn_vitdet_b train")
 
 
 def test_attention_mode_times_every_kernel_and_checks_it_against_detectron2(tmp_path):

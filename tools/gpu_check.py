@@ -69,8 +69,9 @@ PUBLISHED = dict(
 )
 
 
-def benchmark(argv):
+def benchmark(argv, args):
     """One tools/benchmark.py run in this process (its table on stderr): its result."""
+    argv = argv + ([] if args.peak_memory else ["--peak-memory", "off"])
     with contextlib.redirect_stdout(sys.stderr):
         return benchmark_main(argv)
 
@@ -159,13 +160,13 @@ def check_throughput(args, device):
     argv = ["--model", "srvit_s_t3", "--size", "224", "--batch-size", str(args.throughput_batch), "--modes", "infer",
             "--references", "deit_small_patch16_224", "vit_same_depth", "--warmup", str(args.warmup),
             "--repeats", str(args.steps), "--device", str(device), "--amp", "on" if args.pretrain_amp else "off"]
-    result = benchmark(argv)
+    result = benchmark(argv, args)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     rows = []
     for row in result["rows"]:
         model = build(row["kind"], row["name"], 224, False).eval()
         gmacs = count_flops(model, (torch.randn(1, 3, 224, 224),)) / 1e9
-        rows.append(dict(model=label(row).rsplit(" ", 1)[0], img_per_s=row["img_per_s"],
+        rows.append(dict(model=label(row).split(" infer")[0], img_per_s=row["img_per_s"],
                          median_s=row["median_s"], amp_dtype=row["amp_dtype"], batch_size=row["batch_size"],
                          **model_flops_utilisation(row["img_per_s"], gmacs, gpu)))
     return dict(command="python " + result["command"], rows=rows, paired=paired(result),
@@ -191,7 +192,7 @@ def check_backbone(args, device):
             "--modes", "infer", "train", "--references", "vit_same_depth", "vitdet_same_depth",
             "--variant", "global:", "--variant", WINDOWED, "--warmup", str(args.warmup),
             "--repeats", str(args.steps), "--device", str(device), "--amp", "on" if device.type == "cuda" else "off"]
-    result = benchmark(argv)
+    result = benchmark(argv, args)
     rows = [dict(model=label(r), median_s=r["median_s"], peak_mib=r["peak_mib"]) for r in result["rows"]]
     return dict(command="python " + result["command"], rows=rows, paired=paired(result))
 
@@ -207,7 +208,7 @@ def check_compile(args, device):
             [*common, "--size", str(args.size), "--batch-size", str(args.images_per_gpu * 2), "--variant", WINDOWED]]
     commands, rows = [], []
     for argv in runs:
-        result = benchmark(argv)
+        result = benchmark(argv, args)
         commands.append("python " + result["command"])
         by_label = {label(r): r for r in result["rows"]}
         for c in result["comparisons"]:  # one model: compiled / eager of each mode
@@ -246,6 +247,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=5, help="timed steps per check")
     p.add_argument("--no-amp", dest="pretrain_amp", action="store_false",
                    help="(c), (d) and (g) in fp32 (on a CPU without native bf16)")
+    p.add_argument("--no-peak-memory", dest="peak_memory", action="store_false",
+                   help="(d), (f), (g): no peak-memory process per model (quicker; their memory figures empty)")
     p.add_argument("--output", default="output/gpu_check.json")
     return p.parse_args(argv)
 

@@ -108,8 +108,8 @@ def build_job(job, args, device):
 
 @contextlib.contextmanager
 def compile_record():
-    """What dynamo and inductor did inside the block: graph breaks (count and the first line of
-    each reason), graphs made, FX graph cache hits and misses. Yields the dict it fills."""
+    """What dynamo and inductor did inside the block: graph breaks (count, and each reason's first
+    300 characters), graphs made, FX graph cache hits and misses. Yields the dict it fills."""
     from torch._dynamo.utils import counters
 
     def snapshot():
@@ -121,7 +121,7 @@ def compile_record():
     yield record
     breaks_after, graphs_after, hits_after, misses_after = snapshot()
     new = breaks_after - breaks
-    record.update(graph_breaks=sum(new.values()), graph_break_reasons=[r.splitlines()[0][:200] for r in new],
+    record.update(graph_breaks=sum(new.values()), graph_break_reasons=[" ".join(r.split())[:300] for r in new],
                   graphs=graphs_after - graphs, fx_graph_cache=dict(hits=hits_after - hits, misses=misses_after - misses))
 
 
@@ -230,7 +230,7 @@ def paired_ratio(a, b):
     slows a step down, and the rows' peak memory ratio and parameter difference."""
     return dict(a=label(a), b=label(b), **paired_ratios(a["times_s"], b["times_s"]),
                 best_ratio=a["min_s"] / b["min_s"],
-                peak_ratio=a["peak_mib"] / b["peak_mib"] if b["peak_mib"] else None,
+                peak_ratio=a["peak_mib"] / b["peak_mib"] if a["peak_mib"] and b["peak_mib"] else None,
                 params_diff_m=a["params_m"] - b["params_m"])
 
 
@@ -266,8 +266,9 @@ def report(rows, ratios):
     width = max(len(label(r)) for r in rows) + 2
     print(f"{'model':<{width}} {'params M':>9} {'median s':>9} {'spread s':>17} {'img/s':>8} {'peak MiB':>9}")
     for r in rows:
+        peak = f"{r['peak_mib']:>9.0f}" if r["peak_mib"] is not None else f"{'-':>9}"
         print(f"{label(r):<{width}} {r['params_m']:>9.3f} {r['median_s']:>9.4f} {r['min_s']:>8.4f}-{r['max_s']:<8.4f} "
-              f"{r['img_per_s']:>8.2f} {r['peak_mib']:>9.0f}")
+              f"{r['img_per_s']:>8.2f} {peak}")
     for r in rows:
         if "first_step_s" in r:
             print(f"{label(r)}: first (compiling) step {r['first_step_s']:.2f} s, compile {r['compile_s']:.2f} s, "
@@ -316,6 +317,9 @@ def parse_args(argv=None):
     p.add_argument("--compile-backend", default="inductor", choices=COMPILE_BACKENDS,
                    help="torch.compile's backend with --compile (aot_eager / eager: dynamo's graphs and breaks "
                         "without inductor's code generation, e.g. for a quick check on a CPU)")
+    p.add_argument("--peak-memory", choices=["process", "off"], default="process",
+                   help="each model's peak memory in a process of its own after the timing, or not measured "
+                        "(quicker: no process per model; peak_mib is null)")
     p.add_argument("--json", help="write results here")
     p.add_argument("--default-malloc", action="store_true",
                    help="time with the C library's default allocator settings (see keep_freed_memory)")
@@ -440,7 +444,9 @@ def main(argv=None):
         jobs = make_jobs(args, variants, dtype, mode)
         timed = time_interleaved(jobs, args, device)
         release_device_memory(device)
-        rows += [dict(row, **measure_peak_memory(job, args)) for job, row in zip(jobs, timed)]
+        rows += [dict(row, **(measure_peak_memory(job, args) if args.peak_memory == "process"
+                              else dict(peak_mib=None, peak_kind="not measured (--peak-memory off)")))
+                 for job, row in zip(jobs, timed)]
     ratios = comparisons(rows)
     report(rows, ratios)
     machine = dict(machine_record(device), timm=timm.__version__)
@@ -449,7 +455,8 @@ def main(argv=None):
         machine["detectron2"] = detectron2.__version__
     result = dict(command=command_line(argv), machine=machine,
                   method=dict(time="interleaved rounds in one process", malloc=malloc or "default",
-                              peak_memory="one process per model after the timing, default allocator",
+                              peak_memory="one process per model after the timing, default allocator"
+                              if args.peak_memory == "process" else "not measured (--peak-memory off)",
                               amp_dtype=dtype),
                   rows=rows, comparisons=ratios)
     write_json(args.json, result)
