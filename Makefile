@@ -15,7 +15,8 @@ test:
 collect-env:
 	$(PY) -m srvit_backbones.collect_env
 
-# on a GPU machine: (a)-(f) of tools/gpu_check.py and the CUDA-marked tests; without CUDA, (e) only
+# on a GPU machine: (a)-(g) of tools/gpu_check.py (g: torch.compile against eager) and the CUDA-marked tests;
+# without CUDA, (e) only
 gpu-check:
 	$(PY) tools/gpu_check.py --output output/gpu_check.json
 	$(PY) -m pytest -q tests/test_gpu_check.py -k cuda
