@@ -8,12 +8,8 @@ import torch.nn.functional as F
 
 from srvit_backbones import SRViT
 from srvit_backbones.models import apply_block, rel_pos
+from srvit_backbones.benchmark.attention import detectron2_formula as detectron2_attention
 from srvit_backbones.models.rel_pos import choose_kernel, rel_pos_attention, rel_pos_lookup, set_rel_pos_kernel
-
-from helpers import load_tool
-
-#: ViTDet's attention on materialised scores (detectron2's ``add_decomposed_rel_pos``): the reference
-detectron2_attention = load_tool("benchmark").detectron2_formula
 
 #: (grid, images) of the cases: 2 images of a 5x7 grid, 6 windows of 4x4
 CASES = {"global": ((5, 7), 2), "windows": ((4, 4), 6)}

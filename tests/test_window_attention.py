@@ -19,7 +19,7 @@ from srvit_backbones.models import RelPosAttention, apply_block, default_global_
 from srvit_backbones.models.rel_pos import is_rel_pos, resize_rel_pos
 from srvit_backbones.models.window import merge_windows, window_qkv
 
-from helpers import load_tool, unit_applications
+from helpers import unit_applications
 
 
 def tiny(**kw):
@@ -535,7 +535,9 @@ def test_the_gpu_choices_of_kernel_and_blocks_equal_the_cpu_ones(grid, window, b
     assert default_block_elements("cuda", sdpa=False) > default_block_elements("cpu", sdpa=False)
 
     # the comparison make gpu-check runs
-    results = load_tool("gpu_check").kernel_under_both_choices(grid, window, block_elements)
+    from srvit_backbones.benchmark.devices import kernel_under_both_choices
+
+    results = kernel_under_both_choices(grid, window, block_elements)
     for gpu, cpu in zip(results["cuda"], results["cpu"], strict=True):
         torch.testing.assert_close(gpu, cpu, rtol=1e-5, atol=1e-5)
 
