@@ -514,7 +514,7 @@ def trained(coco_root):
 def test_quickstart_learns(trained):
     """The loss falls by more than half and mmdet's CocoMetric scores the detector well above an
     untrained one (0.0): measured at this seed, box AP50 0.219 and mask AP50 0.284 after these 60
-    iterations (make quickstart-mmdet's 300: box AP 47.7, mask AP 52.3; see the README)."""
+    iterations (make quickstart-mmdet's 300: box AP 47.1, mask AP 49.4 on the README's VM)."""
     work, log = trained
     records = scalars(work)
     losses = [r["loss"] for r in records if "loss" in r]
