@@ -1,15 +1,17 @@
 """The relative-position attention kernels (``blocked``, ``bias``, ``flex``) against
 detectron2's own formula (``add_decomposed_rel_pos`` on materialised scores), each run here on
 the CPU, the GPU's choices included (``device_type='cuda'`` on CPU tensors); which kernel runs
-where; the index made once per extent; ``block(x)`` on every block a model builds."""
+where and in how many SDPA calls; the launches of a training step; graph breaks; the index made
+once per extent; ``block(x)`` on every block a model builds."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from srvit_backbones import SRViT
-from srvit_backbones.models import apply_block, rel_pos
 from srvit_backbones.benchmark.attention import detectron2_formula as detectron2_attention
-from srvit_backbones.models.rel_pos import choose_kernel, rel_pos_attention, rel_pos_lookup, set_rel_pos_kernel
+from srvit_backbones.benchmark.launches import count_launches
+from srvit_backbones.models import apply_block, rel_pos
+from srvit_backbones.models.rel_pos import bias_calls, choose_kernel, rel_pos_attention, rel_pos_lookup, set_rel_pos_kernel
 
 #: (grid, images) of the cases: 2 images of a 5x7 grid, 6 windows of 4x4
 CASES = {"global": ((5, 7), 2), "windows": ((4, 4), 6)}
@@ -33,32 +35,44 @@ def cosine(a, b):
     return F.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0).item()
 
 
+#: (kernel, device type, block_elements) of the kernels under test: ``blocked`` in blocks of grid
+#: rows (200 scores) with the CPU's and the GPU's choices, ``bias`` with its whole bias and in
+#: calls of one map each (200 elements), and the GPU's default
+KERNEL_RUNS = {"blocked_cpu": ("blocked", "cpu", 200), "blocked_cuda": ("blocked", "cuda", 200),
+               "bias_whole": ("bias", "cuda", None), "bias_calls": ("bias", "cuda", 200),
+               "gpu_default": (None, "cuda", None)}
+
+
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("kernel,device_type", [("blocked", "cpu"), ("blocked", "cuda"), ("bias", "cpu"),
-                                                ("bias", "cuda"), (None, "cuda")])
+@pytest.mark.parametrize("kernel,device_type,block_elements", KERNEL_RUNS.values(), ids=KERNEL_RUNS.keys())
 @pytest.mark.parametrize("resized", [False, True], ids=["own_tables", "resized_tables"])
-def test_every_kernel_equals_detectron2_in_fp32(case, kernel, device_type, resized):
+def test_every_kernel_equals_detectron2_in_fp32(case, kernel, device_type, block_elements, resized):
     """Forward to 1e-5 and every input's gradient (q, k, v and both tables) to 1e-5, also with
     tables of another length (interpolated as ViTDet does)."""
     tensors, size = inputs(case, table_rows=(5, 9) if resized else None)
     expected = detectron2_attention(*tensors, size)
-    got = rel_pos_attention(*tensors, size, kernel=kernel, device_type=device_type, block_elements=200)
+    got = rel_pos_attention(*tensors, size, kernel=kernel, device_type=device_type, block_elements=block_elements)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     for a, b in zip(grads_of(got, tensors), grads_of(expected, tensors)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+LOW_PRECISION_RUNS = ("blocked_cpu", "blocked_cuda", "bias_whole", "bias_calls")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("kernel,device_type", [("blocked", "cpu"), ("blocked", "cuda"), ("bias", "cuda")])
-def test_every_kernel_in_low_precision_agrees_with_detectron2_in_fp32(case, kernel, device_type, dtype):
+@pytest.mark.parametrize("kernel,device_type,block_elements", [KERNEL_RUNS[k] for k in LOW_PRECISION_RUNS],
+                         ids=LOW_PRECISION_RUNS)
+def test_every_kernel_in_low_precision_agrees_with_detectron2_in_fp32(case, kernel, device_type, block_elements,
+                                                                      dtype):
     """fp16 / bf16 inputs: outputs and gradients by cosine against the fp32 formula, in the
     inputs' dtype; the GPU's recomputing backward (matmuls in the inputs' dtype, float32
     statistics) runs here with ``device_type='cuda'``."""
     tensors, size = inputs(case)
     expected = detectron2_attention(*tensors, size)
     low = [t.detach().to(dtype).requires_grad_() for t in tensors]
-    got = rel_pos_attention(*low, size, kernel=kernel, device_type=device_type, block_elements=200)
+    got = rel_pos_attention(*low, size, kernel=kernel, device_type=device_type, block_elements=block_elements)
     assert got.dtype == dtype
     assert cosine(got, expected) > 0.999
     for g, t, e in zip(grads_of(got, low), low, grads_of(expected, tensors)):
@@ -75,32 +89,40 @@ def test_flex_forward_equals_detectron2(case):
                                rtol=1e-5, atol=1e-5)
 
 
-def test_the_kernel_is_chosen_by_device_type_sizes_and_the_switch(monkeypatch):
-    """The CPU keeps the kernel tuned there; a GPU attends with the whole bias where it is
-    small (windows) and block by block where it is not (a global grid at 1024); dropout takes
-    autograd block by block; the ``flex`` switch applies where flex can run."""
-    window, global_1024 = (50 * 6, 196, 196), (2 * 6, 4096, 4096)
-    assert choose_kernel("cpu", *window, 0.0, True) == choose_kernel("cpu", *global_1024, 0.0, True) == "blocked"
-    assert choose_kernel("cuda", *window, 0.0, True) == "bias"
-    assert choose_kernel("cuda", *global_1024, 0.0, True) == "blocked"
-    assert choose_kernel("cuda", *window, 0.1, True) == "blocked"
+def test_the_kernel_is_chosen_by_device_type_and_the_switch(monkeypatch):
+    """The CPU keeps the kernel tuned there; a GPU attends with ``bias`` whatever the sizes;
+    dropout takes autograd block by block; the ``flex`` switch applies where flex can run."""
+    assert choose_kernel("cpu", 0.0, True) == choose_kernel("cpu", 0.0, False) == "blocked"
+    assert choose_kernel("cuda", 0.0, True) == choose_kernel("cuda", 0.0, False) == "bias"
+    assert choose_kernel("cuda", 0.1, True) == "blocked"
     monkeypatch.setattr(rel_pos, "_forced_kernel", None)
     set_rel_pos_kernel("flex")
-    assert choose_kernel("cuda", *global_1024, 0.0, True) == "flex"
-    assert choose_kernel("cpu", *window, 0.0, False) == "flex"
-    assert choose_kernel("cpu", *window, 0.0, True) == "blocked"  # no flex backward on the CPU
-    assert choose_kernel("cuda", *window, 0.1, True) == "blocked"  # no dropout in flex
+    assert choose_kernel("cuda", 0.0, True) == "flex"
+    assert choose_kernel("cpu", 0.0, False) == "flex"
+    assert choose_kernel("cpu", 0.0, True) == "blocked"  # no flex backward on the CPU
+    assert choose_kernel("cuda", 0.1, True) == "blocked"  # no dropout in flex
     set_rel_pos_kernel(None)
     with pytest.raises(ValueError, match=r"unknown relative-position kernel 'fast'.*choose one of \('blocked', 'bias', 'flex'\)"):
         set_rel_pos_kernel("fast")
 
 
-def test_on_a_gpu_only_small_biases_are_kept_for_the_backward(monkeypatch):
-    """Memory: the ``bias`` kernel keeps its (maps, queries, keys) bias for the backward, so
-    the GPU takes it only under WHOLE_BIAS_ELEMENTS; above, the recomputing backward keeps no
-    (queries, keys) tensor, in fp32 and fp16."""
+def test_the_bias_kernel_takes_a_few_calls_of_whole_maps_at_any_batch():
+    """The GPU's rule at ViTDet's geometry (1024, 6 heads): 14x14 windows in one call up to 23
+    images (5.8M elements each) and a few beyond, never a call per grid row; the global 64x64 grid
+    (16.8M elements per head) in one call at batch 1, then calls of 8 maps (12 at batch 16): at
+    most GPU_BIAS_ELEMENTS per call, at least one map."""
+    window_maps, global_maps = 25 * 6, 6  # per image
+    assert [bias_calls(images * window_maps, 196, 196) for images in (1, 2, 16, 23, 24, 64)] == [1, 1, 1, 1, 2, 3]
+    assert [bias_calls(images * global_maps, 4096, 4096) for images in (1, 2, 16)] == [1, 2, 12]
+    assert bias_calls(7, 10, 10, budget=1) == 7 and bias_calls(7, 10, 10, budget=350) == 3
+
+
+def test_the_bias_kernel_keeps_its_bias_only_within_the_budget(monkeypatch):
+    """Memory: one call keeps its whole (maps, queries, keys) bias for the backward; beyond
+    GPU_BIAS_ELEMENTS the calls are checkpointed and nothing of (queries, keys) size is kept, in
+    fp32 and fp16."""
     tensors, size = inputs("global")
-    maps, keys = 2 * 2, 35
+    bias_elements = 2 * 2 * 35 * 35  # images x heads x queries x keys
 
     def largest_saved(dtype):
         sizes = []
@@ -108,10 +130,76 @@ def test_on_a_gpu_only_small_biases_are_kept_for_the_backward(monkeypatch):
             rel_pos_attention(*[t.detach().to(dtype).requires_grad_() for t in tensors], size, device_type="cuda")
         return max(sizes)
 
-    assert largest_saved(torch.float32) >= maps * 35 * keys  # under the limit: the whole bias, kept
-    monkeypatch.setattr(rel_pos, "WHOLE_BIAS_ELEMENTS", maps * 35 * keys - 1)
+    assert largest_saved(torch.float32) >= bias_elements  # within the budget: the whole bias, kept
+    monkeypatch.setattr(rel_pos, "GPU_BIAS_ELEMENTS", bias_elements // 2)
     for dtype in (torch.float32, torch.float16):
-        assert largest_saved(dtype) <= tensors[0].numel()  # q, k, v, the per-axis terms, the output
+        assert largest_saved(dtype) <= tensors[0].numel()  # q, k, v, the per-axis terms
+
+
+#: one relative-position application at ViTDet's geometry (1024, 6 heads of 64): (images, grid)
+APPLICATIONS_1024 = {"global_batch_2": (2, (64, 64)), "windows_batch_2": (2 * 25, (14, 14)),
+                     "windows_batch_16": (16 * 25, (14, 14))}
+
+
+def training_step_launches(images, grid, device, **kwargs):
+    """The launches of one training step of one application with the GPU's choices (forward,
+    then the backward from a given output gradient; the relative index made before), fp32."""
+    n = grid[0] * grid[1]
+    new = torch.randn if device == "cpu" else torch.empty
+    tensors = [new(images, 6, n, 64, device=device).requires_grad_() for _ in range(3)]
+    tensors += [new(2 * side - 1, 64, device=device).requires_grad_() for side in grid]
+    grad_out = new(images, 6, n, 64, device=device)
+
+    def step():
+        out = rel_pos_attention(*tensors, grid, device_type="cuda", **kwargs)
+        torch.autograd.grad(out, tensors, grad_out)
+
+    step()
+    return count_launches(step)
+
+
+@pytest.mark.parametrize("case", APPLICATIONS_1024)
+def test_a_training_step_of_one_application_takes_at_most_80_launches_on_a_gpu(case):
+    """Issue 35's target, counted with the GPU's choices (``launches.LaunchCounter``) on meta
+    tensors (no memory, no arithmetic): the global grid at batch 2 and the windows at batch 2 and
+    16 in at most 80 launches (the row blocks took 535 and 231). The CPU's SDPA differentiates a
+    bias through its matmul-softmax-matmul, counted op by op: a GPU's memory-efficient kernel
+    makes one launch of each call's forward and one of its backward, fewer than counted here."""
+    counter = training_step_launches(*APPLICATIONS_1024[case], "meta")
+    assert counter.total <= 80, counter.ops
+
+
+def test_launches_counted_on_meta_tensors_are_the_cpus():
+    """What the meta device counts is what the CPU runs, the chunked calls included."""
+    for block_elements in (None, 200):
+        assert training_step_launches(3, (5, 4), "meta", block_elements=block_elements).ops == \
+            training_step_launches(3, (5, 4), "cpu", block_elements=block_elements).ops
+
+
+@pytest.mark.parametrize("kernel,device_type,block_elements", [("blocked", "cpu", 2 * 2 * 2 * 7 * 35), ("bias", "cuda", 2500)],
+                         ids=["blocked_row_blocks", "bias_in_calls"])
+def test_a_training_step_compiles_without_a_graph_break(kernel, device_type, block_elements):
+    """``torch.compile(fullgraph=True)`` (a graph break is an error) of the forward and its
+    backward with blocks of grid rows (the CPU's global grid at 1024 takes them; here blocks of 2
+    rows of both images) and with the GPU's calls of whole maps (2 here): eager's output and
+    gradients to 1e-5."""
+    import torch._dynamo
+
+    tensors, size = inputs("global")
+    if kernel == "blocked":
+        assert rel_pos._query_blocks(2, 2, 5, 7, 35, block_elements)[1] == (slice(0, 2), slice(2, 4))
+    else:
+        assert bias_calls(2 * 2, 35, 35, block_elements) == 2
+
+    def forward(*t):
+        return rel_pos_attention(*t, size, kernel=kernel, device_type=device_type, block_elements=block_elements)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(forward, backend="aot_eager", fullgraph=True)(*tensors)
+    eager = forward(*tensors)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads_of(compiled, tensors), grads_of(eager, tensors)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_blocks_of_grid_rows_span_several_images():

@@ -5,6 +5,7 @@
 - ``hardware``: the machine record of every JSON, the GPUs' dense peaks (``PEAK_TFLOPS``) and MFU;
 - ``backbones``: SR-ViT variants and their same-depth anchors, with their steps;
 - ``attention``: the relative-position kernels beside flash attention and detectron2's formula;
+- ``launches``: kernel launches counted without a GPU (the aten operations that do work);
 - ``devices``: the GPU's branches (kernel choices, a tiny model) against the CPU;
 - ``data``: synthetic files (an ImageFolder for the pretraining step);
 - ``runner``: tools/benchmark.py itself (interleaved rounds, compiled against eager, peak-memory

@@ -4,15 +4,18 @@ kernel: the tables' names and resizing, and three ways to attend with them (``KE
 - ``blocked``: the bias expanded block by block of query rows (SDPA, i.e.
   ``F.scaled_dot_product_attention`` with the block's bias as its mask, or
   matmul-softmax-matmul per block), with a backward that recomputes each block's probabilities
-  instead of keeping any (queries, keys) tensor: memory-lean at any grid size;
-- ``bias``: one ``F.scaled_dot_product_attention`` call with the whole bias, differentiated by
-  autograd (CUDA's memory-efficient kernel returns the bias gradient): few kernel launches, the
-  bias kept for the backward, so only where it is small (ViTDet's 14x14 windows);
+  instead of keeping any (queries, keys) tensor: memory-lean at any grid size, a Python loop of
+  blocks (the CPU's kernel, tuned there);
+- ``bias``: SDPA with the whole bias of whole (image, head) maps, differentiated by autograd
+  (CUDA's memory-efficient kernel returns the bias gradient): one call, its bias kept for the
+  backward, up to GPU_BIAS_ELEMENTS; beyond, a few calls of whole maps, each checkpointed (its
+  bias rebuilt and its call rerun in the backward), so nothing of (queries, keys) size is kept;
 - ``flex``: ``flex_attention`` with a ``score_mod`` adding the per-axis terms; opt-in
   (``set_rel_pos_kernel('flex')`` or ``SRVIT_REL_POS_KERNEL=flex``) until a GPU run has timed it.
 
-Which kernel and block size run is a function of the device type, dtype and sizes
-(``choose_kernel``), so the GPU's choices run on the CPU too (``device_type='cuda'``).
+The rule (``choose_kernel``, ``bias_calls``): ``blocked`` on the CPU and for attention
+dropout; elsewhere ``bias`` in ``bias_calls`` SDPA calls. It is a function of the device type,
+dtype and sizes, so the GPU's choices run on the CPU too (``device_type='cuda'``).
 """
 import functools
 import os
@@ -21,6 +24,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from timm.layers import register_notrace_function
+from torch.utils.checkpoint import checkpoint
 
 #: the (images, heads, queries, keys) bias block given to SDPA as its mask, in elements:
 #: 24 MiB of fp32 (4 grid rows of a global application at 1024, 6 heads), under glibc's largest
@@ -37,10 +41,14 @@ SDPA_MIN_KEYS = 1024
 #: probabilities stay in cache between the softmax and the next matmul
 MATMUL_BLOCK_ELEMENTS = 2 ** 18
 
-#: the largest whole bias, in elements, that the ``bias`` kernel materialises (and autograd keeps
-#: for the backward): 64 MiB of fp16. 25 windows of 14x14, 6 heads, 2 images: 11.5M; a global
-#: application at 1024: 201M, which takes ``blocked``
-WHOLE_BIAS_ELEMENTS = 2 ** 25
+#: off the CPU, the most bias elements that one SDPA call gets and that autograd keeps for the
+#: backward of one application: 256 MiB of fp16 / bf16 (the GPU's training dtypes). ViTDet's
+#: 14x14 windows at 1024 (25 windows x 6 heads: 5.8M elements per image) take one call, kept, up
+#: to 23 images; the global 64x64 grid (16.8M per map, 6 maps per image) one call at batch 1 and
+#: checkpointed calls of 8 maps beyond. What a call holds at once, its bias and in the backward
+#: the bias gradient, stays within 512 MiB of fp16 (1 GiB of fp32), under 1.5% of an 80 GiB GPU;
+#: half the budget would double the calls of a global grid at batch 2 and beyond
+GPU_BIAS_ELEMENTS = 2 ** 27
 
 #: the kernels ``rel_pos_attention`` can run (the module docstring says what each does)
 KERNELS = ("blocked", "bias", "flex")
@@ -152,20 +160,27 @@ _forced_kernel: Optional[str] = None
 set_rel_pos_kernel(os.environ.get("SRVIT_REL_POS_KERNEL") or None)
 
 
-def choose_kernel(device_type: str, attention_maps: int, queries: int, keys: int, dropout_p: float,
-                  needs_grad: bool) -> str:
-    """The kernel of one attention call over ``attention_maps`` (images x heads) maps of
-    (queries, keys): ``blocked`` on the CPU (the kernel tuned there) and for biases over
-    WHOLE_BIAS_ELEMENTS; elsewhere ``bias``. Attention dropout takes ``blocked`` (autograd block
-    by block), and so does ``flex`` where it cannot run (dropout; a backward on the CPU). A
-    function of the device *type*, so that the GPU's choices run (and are tested) on the CPU."""
+def choose_kernel(device_type: str, dropout_p: float, needs_grad: bool) -> str:
+    """The kernel of one attention call: ``blocked`` on the CPU (the kernel tuned there) and for
+    attention dropout (autograd block by block); elsewhere ``bias``, whatever the sizes
+    (``bias_calls`` says in how many SDPA calls). ``flex`` only where it was switched on and can
+    run (no dropout; a backward off the CPU). A function of the device *type*, so that the
+    GPU's choices run (and are tested) on the CPU."""
     if dropout_p:
         return "blocked"
     if _forced_kernel == "flex":
         return "blocked" if needs_grad and device_type == "cpu" else "flex"
     if _forced_kernel:
         return _forced_kernel
-    return "bias" if device_type != "cpu" and attention_maps * queries * keys <= WHOLE_BIAS_ELEMENTS else "blocked"
+    return "blocked" if device_type == "cpu" else "bias"
+
+
+def bias_calls(maps: int, queries: int, keys: int, budget: int = GPU_BIAS_ELEMENTS) -> int:
+    """How many SDPA calls the ``bias`` kernel makes for ``maps`` (images x heads) maps of
+    (queries, keys): one while the whole bias has at most ``budget`` elements (autograd keeps
+    it), else as few calls of whole maps as fit it (each checkpointed: nothing of (queries,
+    keys) size is kept), at least one map per call."""
+    return -(-maps // max(1, budget // (queries * keys)))
 
 
 def blocks_take_sdpa(device_type: str, dtype: torch.dtype, keys: int, dropout_p: float) -> bool:
@@ -290,18 +305,40 @@ def _blocked_backward(q, k, v, terms_h, terms_w, out, grad_out, budget: Optional
         dk[bs].view(b * h, keys, C).baddbmm_(dscores_bmm.transpose(1, 2), q_c.reshape(b * h, n, C),
                                              beta=int(accumulate), alpha=C ** -0.5)
         dscores = dscores.view(b, h, rs.stop - rs.start, q_w, k_h, -1)
-        torch.sum(dscores, -1, out=dterms_h[bs, :, rs])
-        torch.sum(dscores, -2, out=dterms_w[bs, :, rs])
+        # summed, then copied: a block of grid rows is a strided slice, and an ``out=`` into one
+        # breaks torch.compile's graph
+        dterms_h[bs, :, rs] = dscores.sum(-1)
+        dterms_w[bs, :, rs] = dscores.sum(-2)
     return dq, dk, dv, dterms_h, dterms_w
 
 
-def _whole_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms_h: torch.Tensor,
-                          terms_w: torch.Tensor) -> torch.Tensor:
-    """The ``bias`` kernel: one SDPA call with the whole (images, heads, queries, keys) bias,
-    which autograd differentiates (and keeps)."""
-    B, heads, N, _ = q.shape
-    bias = (terms_h[..., :, None] + terms_w[..., None, :]).reshape(B, heads, N, -1)
+def _sdpa_with_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms_h: torch.Tensor,
+                    terms_w: torch.Tensor) -> torch.Tensor:
+    """One SDPA call over (..., queries, C) maps with their whole (..., queries, keys) bias, the
+    height term + the width term over the key grid."""
+    bias = (terms_h[..., None] + terms_w[..., None, :]).flatten(-2).flatten(-3, -2)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+def _whole_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms_h: torch.Tensor,
+                          terms_w: torch.Tensor, budget: int, needs_grad: bool) -> torch.Tensor:
+    """The ``bias`` kernel in ``bias_calls`` calls: one call with the whole bias, which autograd
+    differentiates and keeps; or the (image, head) maps split into a few calls of whole maps
+    (4D, as SDPA's fused kernels take them), each checkpointed in training (the backward
+    rebuilds its bias and reruns it: SDPA's memory-efficient kernel keeps the bias it is given)."""
+    B, heads, N, C = q.shape
+    maps = B * heads
+    calls = bias_calls(maps, N, k.shape[2], budget)
+    if calls == 1:
+        return _sdpa_with_bias(q, k, v, terms_h, terms_w)
+    per_call = -(-maps // calls)
+    chunks = zip(*(t.reshape(maps, 1, *t.shape[2:]).split(per_call) for t in (q, k, v, terms_h, terms_w)))
+    if needs_grad:
+        outs = [checkpoint(_sdpa_with_bias, *chunk, use_reentrant=False, preserve_rng_state=False)
+                for chunk in chunks]
+    else:
+        outs = [_sdpa_with_bias(*chunk) for chunk in chunks]
+    return torch.cat(outs).view(B, heads, N, -1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -351,7 +388,8 @@ def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos
     (``block_elements`` scores at most; by default ``default_block_elements``), so a global
     application at 1024 never holds a 4096x4096 bias per head, and training keeps none
     (``_BlockedRelPosAttention``, in every precision). Attention dropout takes autograd through SDPA,
-    block by block.
+    block by block. The ``bias`` kernel gives SDPA the whole bias of ``block_elements`` elements
+    at most per call (by default GPU_BIAS_ELEMENTS; ``bias_calls``).
 
     The inputs are cast to ``attention_dtype`` (autocast's where it is on). ``device_type``
     (default: the inputs') chooses the kernel and block sizes: 'cuda' on CPU tensors runs the
@@ -367,9 +405,9 @@ def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos
         terms_h = torch.einsum("bnhwc,hkc->bnhwk", r_q, rel_pos_lookup(q_h, rel_pos_h).to(dtype)).contiguous()
         terms_w = torch.einsum("bnhwc,wkc->bnhwk", r_q, rel_pos_lookup(q_w, rel_pos_w).to(dtype)).contiguous()
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, terms_h, terms_w))
-        kernel = kernel or choose_kernel(device_type, B * heads, N, k.shape[2], dropout_p, needs_grad)
+        kernel = kernel or choose_kernel(device_type, dropout_p, needs_grad)
         if kernel == "bias" and not dropout_p:
-            return _whole_bias_attention(q, k, v, terms_h, terms_w)
+            return _whole_bias_attention(q, k, v, terms_h, terms_w, block_elements or GPU_BIAS_ELEMENTS, needs_grad)
         if kernel == "flex" and not dropout_p:
             return _flex_rel_pos_attention(q, k, v, terms_h, terms_w, device_type)
         if needs_grad and not dropout_p:
