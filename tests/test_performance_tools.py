@@ -383,27 +383,47 @@ def test_detectron2s_vitdet_b_reference_config_is_the_model_zoos():
         1024, 768, 12, 14, [0, 1, 3, 4, 6, 7, 9, 10])
 
 
-def test_attention_mode_times_every_kernel_and_checks_it_against_detectron2(tmp_path):
+def test_attention_mode_times_every_kernel_and_checks_it_against_detectron2(tmp_path, monkeypatch):
     """``--attention``: each kernel (ours, each of KERNELS, flash, detectron2's formula) on the
-    global grid and its windows, in both CPU precisions; ours agree with detectron2's formula,
-    the ``blocked`` kernel keeps less for the backward than the materialised bias."""
+    global grid and its windows, in both CPU precisions, its forward and its training step timed
+    apart, each with its launches; ours agree with detectron2's formula, the ``blocked`` kernel
+    keeps less for the backward than the materialised bias; a kernel that raises is a row with
+    its error, and the others still run."""
+    from srvit_backbones.benchmark import attention
+
+    def broken(*args):
+        raise RuntimeError("this kernel does not compile here")
+
+    kernels = attention.attention_kernels()
+    monkeypatch.setattr(attention, "attention_kernels", lambda: dict(kernels, broken=broken))
     result = load_tool("benchmark").main(["--attention", "--size", "64", "--batch-size", "1", "--warmup", "0",
                                           "--repeats", "2", "--device", "cpu", "--json", str(tmp_path / "a.json")])
     rows = json.loads((tmp_path / "a.json").read_text())["rows"]
     assert rows == result["rows"]
-    kernels = ["flash, no bias", "detectron2 formula", "ours (default choice)", "ours: blocked", "ours: bias", "ours: flex"]
+    names = ["flash, no bias", "detectron2 formula", "ours (default choice)", "ours: blocked", "ours: bias", "ours: flex",
+             "broken"]
     assert [(r["case"], r["dtype"], r["kernel"]) for r in rows] == [
-        (case, dtype, k) for case in ("global", "windows") for dtype in ("float32", "bfloat16") for k in kernels]
+        (case, dtype, k) for case in ("global", "windows") for dtype in ("float32", "bfloat16") for k in names]
     assert {(r["case"], r["images"], tuple(r["grid"])) for r in rows} == {("global", 1, (4, 4)), ("windows", 1, (14, 14))}
     for r in rows:
+        if r["kernel"] == "broken":
+            assert r["error"] == "RuntimeError: this kernel does not compile here" and r["forward_s"] is None
+            continue
         assert len(r["forward_s"]) == 2 and all(t > 0 for t in r["forward_s"])
         if r["kernel"].startswith("ours"):
             assert r["output_cosine"] > (0.99999 if r["dtype"] == "float32" else 0.999), r
-        if r["kernel"] == "ours: flex":  # no flex backward on the CPU
-            assert r["forward_backward_s"] is None
-        elif r["kernel"].startswith("ours"):
+        if r["kernel"] == "ours: flex":  # no flex backward on the CPU; no flex under a dispatch mode
+            assert r["forward_backward_s"] is None and "backward on CPU" in r["forward_backward_error"]
+            assert r["forward_launches"] is None and "flex_attention" in r["launches_error"]
+            continue
+        assert len(r["forward_backward_s"]) == 2 and r["forward_backward_launches"] > r["forward_launches"] >= 1
+        if r["kernel"].startswith("ours"):
             assert min(r["gradient_cosines"]) > (0.99999 if r["dtype"] == "float32" else 0.99), r
-    saved = {(r["case"], r["dtype"], r["kernel"]): r["saved_mib"] for r in rows if "saved_mib" in r}
-    assert saved["windows", "float32", "ours: blocked"] < saved["windows", "float32", "ours: bias"]
+    by = {(r["case"], r["dtype"], r["kernel"]): r for r in rows}
+    assert by["windows", "float32", "ours: blocked"]["saved_mib"] < by["windows", "float32", "ours: bias"]["saved_mib"]
+    for case in ("global", "windows"):  # the CPU's default is blocked: the counter sees the same operations
+        default, blocked = by[case, "float32", "ours (default choice)"], by[case, "float32", "ours: blocked"]
+        assert (default["forward_launches"], default["forward_backward_launches"]) == \
+            (blocked["forward_launches"], blocked["forward_backward_launches"])
     with pytest.raises(SystemExit, match="--attention times the attention kernels alone.*drop --detector, --variant, --amp"):
         load_tool("benchmark").main(["--attention", "--amp", "--device", "cpu"])

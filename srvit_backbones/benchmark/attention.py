@@ -1,9 +1,11 @@
 """The attention mode (``tools/benchmark.py --attention``): the relative-position attention
 kernels one by one (``srvit_backbones.models.rel_pos.KERNELS`` and the default choice) beside
 flash attention without a bias, detectron2's formula and SDPA with a materialised bias, for
-the global grid of a size and its 14x14 windows: forward and forward+backward times, what a
-training step keeps for the backward, GPU peak memory, and each output's and gradient's
-error against detectron2's formula."""
+the global grid of a size and its 14x14 windows: the forward (no autograd) and the forward +
+backward (a training step of the application) timed apart, each with its kernel launches per
+call (``launches.LaunchCounter``), what a training step keeps for the backward, GPU peak memory,
+and each output's and gradient's error against detectron2's formula. A kernel that fails is a
+row with its error; the others still run."""
 import functools
 import statistics
 
@@ -11,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models.rel_pos import KERNELS, rel_pos_attention
+from .launches import count_launches
 from .timing import Timer, cosine
 
 #: the precisions the attention mode times on each device type
@@ -31,7 +34,7 @@ def detectron2_formula(q, k, v, rel_pos_h, rel_pos_w, size):
 
 def attention_kernels():
     """name -> f(q, k, v, rel_pos_h, rel_pos_w, grid): ours (the default choice and each of
-    ``KERNELS``; ``bias`` is SDPA with the materialised bias) and the references."""
+    ``KERNELS``) and the references."""
     kernels = {"flash, no bias": lambda q, k, v, h, w, size: F.scaled_dot_product_attention(q, k, v),
                "detectron2 formula": detectron2_formula,
                "ours (default choice)": rel_pos_attention}
@@ -48,12 +51,19 @@ def attention_cases(size, batch_size):
 
 
 def attention_inputs(images, grid, device, dtype):
-    """q, k, v in ``dtype`` (as autocast's projections give them) and float32 tables (parameters)."""
+    """q, k, v in ``dtype`` (as autocast's projections give them) and float32 tables (parameters),
+    made on ``device``."""
     g = torch.Generator().manual_seed(0)
     n = grid[0] * grid[1]
     qkv = [torch.randn(images, ATTENTION_HEADS, n, ATTENTION_HEAD_DIM, generator=g).to(device, dtype) for _ in range(3)]
     tables = [torch.randn(2 * side - 1, ATTENTION_HEAD_DIM, generator=g).mul_(0.1).to(device) for side in grid]
     return [t.requires_grad_() for t in qkv + tables]
+
+
+def output_gradient(images, grid, device, dtype):
+    """The fixed gradient of an application's output, made on ``device`` (before any timing)."""
+    shape = (images, ATTENTION_HEADS, grid[0] * grid[1], ATTENTION_HEAD_DIM)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
 
 
 def call_attention(fn, tensors, grid, device):
@@ -62,10 +72,17 @@ def call_attention(fn, tensors, grid, device):
         return fn(*tensors, grid)
 
 
-def attention_gradients(out, tensors, device):
-    """The inputs' gradients from fixed output gradients (None where one does not reach)."""
-    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device)
-    return torch.autograd.grad((out.float() * weights).sum(), tensors, allow_unused=True)
+def forward(fn, tensors, grid, device):
+    """The forward alone, without autograd (inference)."""
+    with torch.no_grad():
+        return call_attention(fn, [t.detach() for t in tensors], grid, device)
+
+
+def training_step(fn, tensors, grid, device, grad_out):
+    """A training step of one application: the forward, then the backward from ``grad_out``;
+    the inputs' gradients (None where one does not reach)."""
+    out = call_attention(fn, tensors, grid, device)
+    return torch.autograd.grad(out, tensors, grad_out.to(out.dtype), allow_unused=True)
 
 
 def saved_for_backward_mib(fn, tensors, grid, device):
@@ -81,63 +98,107 @@ def saved_for_backward_mib(fn, tensors, grid, device):
     return sum(storages.values()) / 2 ** 20
 
 
+def error_text(e: BaseException) -> str:
+    return " ".join(f"{type(e).__name__}: {e}".split())[:500]
+
+
+def count_into(row, key, fn, *args):
+    """``row[key]``: the launches of ``fn(*args)``, or None with ``launches_error`` where they
+    cannot be counted (``flex_attention``, a higher-order operator that compiles itself, does
+    not run under a dispatch mode)."""
+    try:
+        row[key] = count_launches(fn, *args).total
+    except Exception as e:
+        row[key], row["launches_error"] = None, error_text(e)
+
+
+def check_kernel(row, fn, tensors, grad_out, reference, reference_grads, grid, device):
+    """Fill ``row`` with one kernel's untimed figures: the output's cosine and the forward's
+    launches; then, where its training step runs, the gradients' cosines, the step's launches,
+    what it keeps and (CUDA) its peak memory, else ``forward_backward_error``. Whether it trains."""
+    row["output_cosine"] = cosine(forward(fn, tensors, grid, device), reference)
+    count_into(row, "forward_launches", forward, fn, tensors, grid, device)
+    try:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        grads = training_step(fn, tensors, grid, device, grad_out)
+        if device.type == "cuda":
+            row["peak_mib"] = (torch.cuda.max_memory_allocated() - before) / 2 ** 20
+    except Exception as e:  # flex has no backward on the CPU
+        row["forward_backward_error"] = error_text(e)
+        return False
+    row["gradient_cosines"] = [None if g is None else cosine(g, e) for g, e in zip(grads, reference_grads)]
+    count_into(row, "forward_backward_launches", training_step, fn, tensors, grid, device, grad_out)
+    row["saved_mib"] = saved_for_backward_mib(fn, tensors, grid, device)
+    return True
+
+
 def attention_rows(size, batch_size, device, warmup, repeats):
     """Every kernel of ``attention_kernels`` on every case of ``attention_cases`` in each of
-    ATTENTION_DTYPES: forward and forward+backward times in interleaved rounds (alternating
-    order), what training keeps, GPU peak memory, and errors against detectron2's formula in
-    float32."""
+    ATTENTION_DTYPES: checked once (``check_kernel``), then the forward and the training step
+    timed apart in interleaved rounds (alternating order), inputs and output gradients made on
+    the device beforehand. A kernel that raises is recorded with its error (``error``, or
+    ``forward_backward_error`` where only its training step fails) and left out of the rounds."""
     device = torch.device(device)
     kernels = attention_kernels()
     rows = []
     for case, images, grid in attention_cases(size, batch_size):
         fp32 = attention_inputs(images, grid, device, torch.float32)
         reference = call_attention(detectron2_formula, fp32, grid, device)
-        reference_grads = attention_gradients(reference, fp32, device)
+        reference_grads = torch.autograd.grad(reference, fp32, output_gradient(images, grid, device, torch.float32))
         reference = reference.detach()
         for dtype_name in ATTENTION_DTYPES[device.type]:
-            tensors = attention_inputs(images, grid, device, getattr(torch, dtype_name))
+            dtype = getattr(torch, dtype_name)
+            tensors, grad_out = attention_inputs(images, grid, device, dtype), output_gradient(images, grid, device, dtype)
             group = []
             for name, fn in kernels.items():
-                # flex has no backward on the CPU; the others are timed forward and forward+backward
-                trains = not (name == "ours: flex" and device.type == "cpu")
                 row = dict(case=case, images=images, grid=list(grid), heads=ATTENTION_HEADS, dtype=dtype_name,
-                           kernel=name)
-                with torch.no_grad():
-                    out = call_attention(fn, [t.detach() for t in tensors], grid, device)
-                row["output_cosine"] = cosine(out, reference)
-                if trains:
-                    if device.type == "cuda":
-                        torch.cuda.reset_peak_memory_stats()
-                        before = torch.cuda.memory_allocated()
-                    grads = attention_gradients(call_attention(fn, tensors, grid, device), tensors, device)
-                    if device.type == "cuda":
-                        row["peak_mib"] = (torch.cuda.max_memory_allocated() - before) / 2 ** 20
-                    row["gradient_cosines"] = [None if g is None else cosine(g, e) for g, e in zip(grads, reference_grads)]
-                    row["saved_mib"] = saved_for_backward_mib(fn, tensors, grid, device)
+                           kernel=name, forward_s=None, forward_backward_s=None)
+                rows.append(row)
+                try:
+                    trains = check_kernel(row, fn, tensors, grad_out, reference, reference_grads, grid, device)
+                except Exception as e:  # e.g. a kernel that does not compile on this machine
+                    row["error"] = error_text(e)
+                    continue
                 group.append((row, fn, trains, Timer(device, reset_peak=False), Timer(device, reset_peak=False)))
             for r in range(warmup + repeats):
-                for row, fn, trains, forward, backward in (group if r % 2 == 0 else reversed(group)):
-                    with forward.step(), torch.no_grad():
-                        call_attention(fn, [t.detach() for t in tensors], grid, device)
-                    if trains:
-                        with backward.step():
-                            attention_gradients(call_attention(fn, tensors, grid, device), tensors, device)
-            for row, _, trains, forward, backward in group:
-                row["forward_s"] = forward.times[warmup:]
-                row["forward_backward_s"] = [f + b for f, b in zip(forward.times, backward.times)][warmup:] \
-                    if trains else None
-            rows += [row for row, *_ in group]
+                for entry in list(group if r % 2 == 0 else reversed(group)):
+                    row, fn, trains, forward_timer, step_timer = entry
+                    try:
+                        with forward_timer.step():
+                            forward(fn, tensors, grid, device)
+                        if trains:
+                            with step_timer.step():
+                                training_step(fn, tensors, grid, device, grad_out)
+                    except Exception as e:
+                        row["error"] = error_text(e)
+                        group.remove(entry)
+            for row, _, trains, forward_timer, step_timer in group:
+                row["forward_s"] = forward_timer.times[warmup:]
+                row["forward_backward_s"] = step_timer.times[warmup:] if trains else None
     return rows
 
 
 def report_attention(rows):
-    print(f"{'case':<8} {'dtype':<9} {'kernel':<22} {'fwd ms':>8} {'fwd+bwd ms':>11} {'saved MiB':>10} "
-          f"{'peak MiB':>9} {'out cos':>9} {'min grad cos':>12}")
+    print(f"{'case':<8} {'dtype':<9} {'kernel':<22} {'fwd ms':>8} {'launches':>8} {'fwd+bwd ms':>11} {'launches':>8} "
+          f"{'saved MiB':>10} {'peak MiB':>9} {'out cos':>9} {'min grad cos':>12}")
     for r in rows:
+        head = f"{r['case']:<8} {r['dtype']:<9} {r['kernel']:<22}"
+        if "error" in r:
+            print(f"{head} failed: {r['error']}")
+            continue
         fb = f"{statistics.median(r['forward_backward_s']) * 1e3:>11.2f}" if r["forward_backward_s"] else f"{'-':>11}"
         grads = [c for c in r.get("gradient_cosines") or [] if c is not None]
-        print(f"{r['case']:<8} {r['dtype']:<9} {r['kernel']:<22} {statistics.median(r['forward_s']) * 1e3:>8.2f} {fb} "
-              f"{r.get('saved_mib', float('nan')):>10.1f} {r.get('peak_mib', float('nan')):>9.1f} "
-              f"{r['output_cosine']:>9.5f} {min(grads) if grads else float('nan'):>12.5f}")
-    print("\ncosines against detectron2's formula in float32 (flash has no relative positions: its gap is the bias's "
+        launches = [f"{'-' if r.get(key) is None else r[key]:>8}" for key in ("forward_launches", "forward_backward_launches")]
+        print(f"{head} {statistics.median(r['forward_s']) * 1e3:>8.2f} {launches[0]} {fb} "
+              f"{launches[1]} {r.get('saved_mib', float('nan')):>10.1f} "
+              f"{r.get('peak_mib', float('nan')):>9.1f} {r['output_cosine']:>9.5f} "
+              f"{min(grads) if grads else float('nan'):>12.5f}")
+        for key, what in (("forward_backward_error", "forward+backward failed"), ("launches_error", "launches not counted")):
+            if key in r:
+                print(f"{'':<41} {what}: {r[key]}")
+    print("\nfwd: the forward alone (no autograd); fwd+bwd: a training step (forward, then backward from a given "
+          "gradient); launches: the aten operations of one call that do work (launches.LaunchCounter); cosines "
+          "against detectron2's formula in float32 (flash has no relative positions: its gap is the bias's "
           "weight); saved: what a training step keeps for the backward; peak: GPU only")
