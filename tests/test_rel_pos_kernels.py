@@ -96,12 +96,12 @@ def test_the_kernel_is_chosen_by_device_type_and_the_switch(monkeypatch):
     assert choose_kernel("cuda", 0.0, True) == choose_kernel("cuda", 0.0, False) == "bias"
     assert choose_kernel("cuda", 0.1, True) == "blocked"
     monkeypatch.setattr(rel_pos, "_forced_kernel", None)
-    set_rel_pos_kernel("flex")
+    assert set_rel_pos_kernel("flex") is None  # the setting it replaced
     assert choose_kernel("cuda", 0.0, True) == "flex"
     assert choose_kernel("cpu", 0.0, False) == "flex"
     assert choose_kernel("cpu", 0.0, True) == "blocked"  # no flex backward on the CPU
     assert choose_kernel("cuda", 0.1, True) == "blocked"  # no dropout in flex
-    set_rel_pos_kernel(None)
+    assert set_rel_pos_kernel(None) == "flex"
     with pytest.raises(ValueError, match=r"unknown relative-position kernel 'fast'.*choose one of \('blocked', 'bias', 'flex'\)"):
         set_rel_pos_kernel("fast")
 

@@ -12,15 +12,18 @@ the checks of the training paths:
     tools/train_net.py builds them: s/iter and peak memory, each paired with detectron2's own
     ViTDet ViT-B (``reference/mask_rcnn_vitdet_b.py``) stepped in the same run (the published
     0.314 s/iter, 10.9 GB on an A100 only where detectron2's model zoo is absent, and the JSON says so);
-(b) an mmseg training step of ``upernet_srvit_s.py`` through its ``AmpOptimWrapper``;
+(b) an mmseg training step of ``upernet_srvit_s.py`` through its ``AmpOptimWrapper`` (skipped,
+    with the reason, where mmseg or mmcv does not import: the check still passes);
 (c) a pretraining step of tools/pretrain.py with ``--amp`` (fp16 + GradScaler on CUDA);
 (d) the benchmark's inference img/s of SR-ViT-S T=3, DeiT-S and timm's ViT of depth D_eff
     at 224 (paired ratios), next to the paper's 943 and 2614 img/s (its GPU), with each model's
     MFU: achieved FLOP/s (2 x count_flops' multiply-adds x img/s) over the GPU's dense fp16 /
     bf16 peak (PEAK_TFLOPS; "unknown" for a GPU not in it);
 (e) the device branches against the CPU: the relative-position attention's kernel and block
-    choices of the GPU against the CPU's (fp32, 1e-5), and on a GPU a tiny windowed model's
-    features and gradients on the GPU (fp32, fp16 and bf16 autocast) against the CPU's fp32;
+    choices of the GPU against the CPU's (fp32, 1e-5), and on a GPU each kernel (``blocked``,
+    ``bias``, also in calls of one map, ``flex``) forced there in fp16 and bf16, and a tiny
+    windowed model's features and gradients there (fp32, fp16 and bf16 autocast), each against
+    the CPU's fp32;
 (f) the benchmark's --backbone (S-T3) at --size, global and windowed, inference and training
     step, paired with timm's ViT of depth D_eff (vit_same_depth) and detectron2's ViTDet of the
     same applications (vitdet_same_depth);
@@ -51,7 +54,8 @@ import torch
 from srvit_backbones.benchmark import Timer, machine_record, model_flops_utilisation
 from srvit_backbones.benchmark.backbones import build
 from srvit_backbones.benchmark.data import synthetic_image_folder
-from srvit_backbones.benchmark.devices import kernel_choice_rows, model_on_device_against_cpu
+from srvit_backbones.benchmark.devices import (kernel_choice_rows, kernels_on_device_against_cpu,
+                                               model_on_device_against_cpu)
 from srvit_backbones.benchmark.runner import COMPILE_BACKENDS, label
 from srvit_backbones.benchmark.runner import main as benchmark_main
 
@@ -111,7 +115,11 @@ def check_detectron2(args, device):
 
 # ---------------------------------------------------------------- (b) mmseg, AmpOptimWrapper
 def check_mmseg(args, device):
-    from srvit_backbones.mmseg.benchmark import segmentor_step
+    try:
+        from srvit_backbones.mmseg.benchmark import segmentor_step
+    except ImportError as e:  # a GPU machine without mmcv's compiled ops or mmseg: the other checks stand
+        return dict(skipped=f"mmseg does not import ({type(e).__name__}: {e}); install mmcv with its ops and "
+                            f"mmseg (docs/install.md) to run (b)")
 
     size = min(args.size, 512)  # the config's crop
     images = args.images_per_gpu * 2  # the config's 2 images per GPU (16 over 8)
@@ -177,10 +185,10 @@ def check_throughput(args, device):
 # ---------------------------------------------------------------- (e) device branches against the CPU
 def check_branches(args, device):
     """The GPU's kernel and block choices against the CPU's on CPU tensors (always), and on a
-    GPU the tiny windowed model's features and gradients there against the CPU's fp32."""
+    GPU each kernel forced there in fp16 and bf16 and the tiny windowed model, against the CPU's fp32."""
     rows = kernel_choice_rows()
     if device.type == "cuda":
-        rows += model_on_device_against_cpu(device)
+        rows += kernels_on_device_against_cpu(device) + model_on_device_against_cpu(device)
     return dict(rows=rows, ok=all(row["ok"] for row in rows))
 
 
@@ -213,7 +221,7 @@ def check_compile(args, device):
         by_label = {label(r): r for r in result["rows"]}
         for c in result["comparisons"]:  # one model: compiled / eager of each mode
             compiled, eager = by_label[c["a"]], by_label[c["b"]]
-            rows.append(dict(model=c["b"], size=compiled["size"], batch_size=compiled["batch_size"],
+            rows.append(dict(model=c["b"], compiled_model=c["a"], size=compiled["size"], batch_size=compiled["batch_size"],
                              backend=compiled["compile_backend"], eager_s=eager["median_s"],
                              compiled_s=compiled["median_s"], time_ratio=c["median"], ci95=c["ci95"],
                              speedup=1 / c["median"], peak_ratio=c["peak_ratio"],
@@ -277,8 +285,9 @@ def main(argv=None) -> int:
             entry = dict(ok=False, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
         entry["wall_s"] = round(time.time() - started, 1)
         result["checks"][name] = entry
-        print(f"gpu_check: ({name}) {'ok' if entry['ok'] else 'FAILED: ' + entry.get('error', 'see its rows')} "
-              f"in {entry['wall_s']} s", flush=True)
+        verdict = ("skipped: " + entry["skipped"]) if "skipped" in entry else \
+            "ok" if entry["ok"] else "FAILED: " + entry.get("error", "see its rows")
+        print(f"gpu_check: ({name}) {verdict} in {entry['wall_s']} s", flush=True)
     result["ok"] = all(entry["ok"] for entry in result["checks"].values())
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.output, "w") as f:

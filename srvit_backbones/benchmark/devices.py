@@ -1,34 +1,14 @@
 """The device branches against the CPU: the relative-position attention's GPU choices of kernel
-and block size run on the CPU, and a tiny windowed model on a device against the CPU's fp32."""
+and block size run on the CPU, each kernel forced on a device in fp16 and bf16, and a tiny
+windowed model on a device, each against the CPU's fp32."""
 import contextlib
 
 import torch
 
 from .. import SRViT, amp
-from ..models.rel_pos import rel_pos_attention
+from ..models.rel_pos import KERNELS, choose_kernel, rel_pos_attention, set_rel_pos_kernel
 from ..models.window import window_qkv
 from .timing import cosine
-
-
-def kernel_under_both_choices(grid, window, block_elements=None, seed=0):
-    """Outputs and gradients of ``rel_pos_attention`` on CPU tensors under the CPU's and the
-    GPU's choices of kernel and block size: {"cpu": [out, *grads], "cuda": [out, *grads]}.
-    ``window`` 0 attends over the whole grid; otherwise ``window_qkv`` pads to whole windows."""
-    heads, C = 2, 8
-    g = torch.Generator().manual_seed(seed)
-    qkv = torch.randn(2, grid[0] * grid[1], 3 * heads * C, generator=g)
-    if window:
-        q, k, v = window_qkv(qkv, torch.randn(3 * heads * C, generator=g), grid, window, heads).unbind(0)
-    else:
-        q, k, v = qkv.view(2, -1, 3, heads, C).permute(2, 0, 3, 1, 4).unbind(0)
-    size = (window, window) if window else grid
-    inputs = [t.contiguous().requires_grad_() for t in (q, k, v)]
-    inputs += [torch.randn(2 * n - 1, C, generator=g).mul_(0.3).requires_grad_() for n in size]
-    results = {}
-    for device_type in ("cpu", "cuda"):
-        out = rel_pos_attention(*inputs, size, 0.0, block_elements, device_type=device_type)
-        results[device_type] = [out, *torch.autograd.grad((out * out.detach().cos()).sum(), inputs)]
-    return results
 
 
 def kernel_choice_rows():
@@ -40,6 +20,68 @@ def kernel_choice_rows():
         diff = max((a - b).abs().max().item() for a, b in zip(results["cuda"], results["cpu"]))
         rows.append(dict(case=f"rel-pos kernel, GPU choices on the CPU, {name}", max_abs_diff=diff,
                          tolerance=1e-5, ok=diff <= 1e-5))
+    return rows
+
+
+def kernel_inputs(grid, window, seed=0):
+    """q, k, v (2 images, 2 heads of 8) of a grid's windows (``window_qkv`` pads to whole
+    windows) or of the whole grid (``window`` 0), the tables, and the attended (h, w)."""
+    heads, C = 2, 8
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(2, grid[0] * grid[1], 3 * heads * C, generator=g)
+    if window:
+        q, k, v = window_qkv(qkv, torch.randn(3 * heads * C, generator=g), grid, window, heads).unbind(0)
+    else:
+        q, k, v = qkv.view(2, -1, 3, heads, C).permute(2, 0, 3, 1, 4).unbind(0)
+    size = (window, window) if window else grid
+    tables = [torch.randn(2 * n - 1, C, generator=g).mul_(0.3) for n in size]
+    return [t.contiguous() for t in (q, k, v)] + tables, size
+
+
+def kernel_under_both_choices(grid, window, block_elements=None, seed=0):
+    """Outputs and gradients of ``rel_pos_attention`` on CPU tensors under the CPU's and the
+    GPU's choices of kernel and block size: {"cpu": [out, *grads], "cuda": [out, *grads]}."""
+    tensors, size = kernel_inputs(grid, window, seed)
+    inputs = [t.requires_grad_() for t in tensors]
+    results = {}
+    for device_type in ("cpu", "cuda"):
+        out = rel_pos_attention(*inputs, size, 0.0, block_elements, device_type=device_type)
+        results[device_type] = [out, *torch.autograd.grad((out * out.detach().cos()).sum(), inputs)]
+    return results
+
+
+#: each kernel on a device, and the ``bias`` kernel in calls of one map (what a GPU runs beyond
+#: GPU_BIAS_ELEMENTS): (row name, kernel, block_elements)
+FORCED_KERNELS = [(name, name, None) for name in KERNELS] + [("bias in calls of one map", "bias", 1)]
+
+
+def kernels_on_device_against_cpu(device):
+    """Each relative-position kernel forced on ``device`` in fp16 and bf16 (the GPU's training
+    dtypes; q, k, v in them, float32 tables) against the CPU's fp32 with its own choice: the
+    output by cosine >= 0.999 and every input's gradient >= 0.99, for windows (padded) and the
+    global grid. Flex has no backward on the CPU: there its forward alone."""
+    device = torch.device(device)
+    rows = []
+    for case, grid, window in (("windows", (6, 7), 3), ("global", (9, 9), 0)):
+        tensors, size = kernel_inputs(grid, window)
+        reference = [t.clone().requires_grad_() for t in tensors]
+        expected = rel_pos_attention(*reference, size)
+        expected_grads = torch.autograd.grad((expected * expected.detach().cos()).sum(), reference)
+        for dtype in (torch.float16, torch.bfloat16):
+            if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+                continue
+            for name, kernel, block_elements in FORCED_KERNELS:
+                trains = not (kernel == "flex" and device.type == "cpu")
+                inputs = [t.detach().to(device, dtype if i < 3 else torch.float32).requires_grad_(trains)
+                          for i, t in enumerate(tensors)]
+                out = rel_pos_attention(*inputs, size, 0.0, block_elements, kernel=kernel)
+                row = dict(case=f"rel-pos kernel {name}, {case}, {device.type} {str(dtype)[6:]} against CPU fp32",
+                           output_cosine=cosine(out.float().cpu(), expected))
+                if trains:
+                    grads = torch.autograd.grad((out.float() * out.detach().float().cos()).sum(), inputs)
+                    row["min_gradient_cosine"] = min(cosine(g.float().cpu(), e) for g, e in zip(grads, expected_grads))
+                row["ok"] = row["output_cosine"] >= 0.999 and row.get("min_gradient_cosine", 1.0) >= 0.99
+                rows.append(row)
     return rows
 
 
@@ -57,12 +99,14 @@ def tf32_off():
 def model_on_device_against_cpu(device):
     """A tiny windowed, relative-position model (padded windows, global applications) on
     ``device`` against the CPU: fp32 to 1e-4 (TF32 off, the caller's setting restored), fp16 /
-    bf16 autocast by cosine. On the CPU it runs the same code (its autocast against its fp32)."""
+    bf16 autocast by cosine. On the CPU the device side runs the GPU's kernel (``bias``) and the
+    reference the CPU's (``blocked``), so that every row compares two computations."""
+    device = torch.device(device)
     with tf32_off():
-        return _compare_on_device(torch.device(device))
+        return _compare_on_device(device, "bias" if device.type == "cpu" else None)
 
 
-def _compare_on_device(device):
+def _compare_on_device(device, forced_kernel):
     torch.manual_seed(0)
     model = SRViT(img_size=112, embed_dim=64, num_heads=2, layout=(2, 1), num_steps=3, num_classes=0,
                   window_size=3, use_rel_pos=True)
@@ -81,21 +125,29 @@ def _compare_on_device(device):
                 [p.grad.float().cpu().clone() for p in module.parameters() if p.grad is not None])
 
     ref_features, ref_grads = run(model, x)
+    kernels = dict(kernel=forced_kernel or choose_kernel(device.type, 0.0, True),
+                   reference_kernel=choose_kernel("cpu", 0.0, True))
     gpu = model.to(device)
     rows = []
-    for dtype, out_min, grad_min in ((None, None, None), (torch.float16, 0.999, 0.99), (torch.bfloat16, 0.999, 0.99)):
-        if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            continue
-        features, grads = run(gpu, x.to(device), dtype)
-        if dtype is None:
-            diff = max((features - ref_features).abs().max().item(),
-                       max((a - b).abs().max().item() / max(b.abs().max().item(), 1e-12) for a, b in zip(grads, ref_grads)))
-            rows.append(dict(case=f"tiny windowed rel-pos model, {device.type} fp32 against CPU fp32", max_abs_diff=diff,
-                             tolerance=1e-4, ok=diff <= 1e-4))
-        else:
-            cos_out = cosine(features, ref_features)
-            cos_grad = min(cosine(a, b) for a, b in zip(grads, ref_grads))
-            rows.append(dict(case=f"tiny windowed rel-pos model, {device.type} {str(dtype)[6:]} autocast against CPU fp32",
-                             feature_cosine=cos_out, min_gradient_cosine=cos_grad,
-                             ok=cos_out >= out_min and cos_grad >= grad_min))
+    previous = set_rel_pos_kernel(forced_kernel)
+    try:
+        for dtype, out_min, grad_min in ((None, None, None), (torch.float16, 0.999, 0.99),
+                                         (torch.bfloat16, 0.999, 0.99)):
+            if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+                continue
+            features, grads = run(gpu, x.to(device), dtype)
+            case = f"tiny windowed rel-pos model, {device.type} {str(dtype or 'fp32').replace('torch.', '')}"
+            if dtype is None:
+                diff = max((features - ref_features).abs().max().item(),
+                           max((a - b).abs().max().item() / max(b.abs().max().item(), 1e-12)
+                               for a, b in zip(grads, ref_grads)))
+                rows.append(dict(case=f"{case} against CPU fp32", **kernels, max_abs_diff=diff, tolerance=1e-4,
+                                 ok=diff <= 1e-4))
+            else:
+                cos_out = cosine(features, ref_features)
+                cos_grad = min(cosine(a, b) for a, b in zip(grads, ref_grads))
+                rows.append(dict(case=f"{case} autocast against CPU fp32", **kernels, feature_cosine=cos_out,
+                                 min_gradient_cosine=cos_grad, ok=cos_out >= out_min and cos_grad >= grad_min))
+    finally:
+        set_rel_pos_kernel(previous)
     return rows

@@ -145,15 +145,16 @@ def _scores_over_bias(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> t
     return scores.view(bias.shape)
 
 
-def set_rel_pos_kernel(kernel: Optional[str]):
+def set_rel_pos_kernel(kernel: Optional[str]) -> Optional[str]:
     """Run ``kernel`` (one of ``KERNELS``) wherever it can run, instead of ``choose_kernel``'s
-    default; None restores the default. The environment variable SRVIT_REL_POS_KERNEL sets it
-    at import."""
+    default; None restores the default. Returns the setting it replaces, for the caller to put
+    back. The environment variable SRVIT_REL_POS_KERNEL sets it at import."""
     global _forced_kernel
     if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"unknown relative-position kernel {kernel!r}: choose one of {KERNELS}, or None for the "
                          f"default choice (choose_kernel)")
-    _forced_kernel = kernel
+    previous, _forced_kernel = _forced_kernel, kernel
+    return previous
 
 
 _forced_kernel: Optional[str] = None
