@@ -1,6 +1,6 @@
 """The attention mode (``tools/benchmark.py --attention``): the relative-position attention
 kernels one by one (``srvit_backbones.models.rel_pos.KERNELS`` and the default choice) beside
-flash attention without a bias, detectron2's formula and SDPA with a materialised bias, for
+flash attention without a bias and detectron2's formula, for
 the global grid of a size and its 14x14 windows: the forward (no autograd) and the forward +
 backward (a training step of the application) timed apart, each with its kernel launches per
 call (``launches.LaunchCounter``), what a training step keeps for the backward, GPU peak memory,

@@ -23,10 +23,11 @@ with the first windowed variant's width, heads, depth = D_eff, window size and g
 applications, relative positions on (the physical reference of the windowed variants).
 Attention mode (``--attention``): the relative-position attention kernels one by one
 (``srvit_backbones.models.rel_pos.KERNELS`` and the default choice) beside flash attention
-without a bias, detectron2's formula and SDPA with a materialised bias, for the global grid of
-``--size`` and its 14x14 windows: forward and forward+backward times, what a training step
-keeps for the backward, GPU peak memory, and each output's and gradient's error against
-detectron2's formula.
+without a bias and detectron2's formula, for the global grid of ``--size`` and its 14x14
+windows: the forward and the training step (forward + backward) timed apart, each beside its
+kernel launches per call, what a training step keeps for the backward, GPU peak memory, and
+each output's and gradient's error against detectron2's formula; a kernel that fails is a row
+with its error.
 Variants: ``--variant NAME:key=value,...`` builds ``--model`` with those core (``SRViT``)
 arguments, values read as Python literals (``global_attn_indexes=(0, 31)``); several
 ``--variant`` run interleaved and each is compared with the first, with its parameter count.
@@ -305,8 +306,9 @@ def parse_args(argv=None):
                    help=f"{REFERENCE_SAME_DEPTH}, {REFERENCE_VITDET} (the windowed variants' reference; needs "
                         f"detectron2) and/or timm model names; empty: SR-ViT alone")
     p.add_argument("--attention", action="store_true",
-                   help="time the relative-position attention kernels at --size (global grid and 14x14 windows) "
-                        "against flash attention, detectron2's formula and SDPA with a bias")
+                   help="time the relative-position attention kernels at --size (global grid and 14x14 windows), "
+                        "forward and training step apart, with their launches, against flash attention and "
+                        "detectron2's formula")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per model")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds (one step per model each)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
