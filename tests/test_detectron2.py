@@ -22,7 +22,7 @@ from srvit_backbones.detectron2 import (SRViTBackbone, SRViTCheckpointer, add_sr
 from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.srvit import resize_pos_embed
 from srvit_backbones.models.rel_pos import is_rel_pos
-from helpers import load_tool
+from helpers import interpolated_pos_embed, load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "detectron2_configs")
@@ -286,21 +286,22 @@ def test_pretraining_checkpoint_loads_into_the_detector(tmp_path, caplog):
     SRViTCheckpointer(model).load(path)
     backbone = model.backbone.net.srvit
     assert backbone.pos_embed.shape == (1, 12 * 12 + 1, 64)
-    resized = srvit_backbones.checkpoint.adapt_pos_embed(core.pos_embed.detach(), backbone)
+    # the expected table, interpolated here (14x14 -> 12x12), not by the loader's own function
+    resized = interpolated_pos_embed(core.pos_embed.detach(), (14, 14), (12, 12))
     torch.testing.assert_close(backbone.pos_embed.detach(), resized)
     # same weights landed: the backbone's features equal the core model's on the same input
     core.eval()
     x = torch.randn(1, 3, 192, 192)
     with torch.no_grad():
         torch.testing.assert_close(model.backbone.net(x)["last_feat"],
-                                   _core_with_table(core, backbone).forward_feature_maps(x)["last_feat"])
+                                   _core_with_table(core, resized).forward_feature_maps(x)["last_feat"])
 
 
-def _core_with_table(core, backbone):
-    """The core model with the detector's resized position table (what loading should do)."""
+def _core_with_table(core, table):
+    """The core model at the detector's 192 pixels with the position table ``table``."""
     ref = create_srvit("srvit_t_t2", embed_dim=64, num_heads=2, img_size=192, num_classes=core.num_classes).eval()
     sd = core.state_dict()
-    sd["pos_embed"] = backbone.pos_embed.detach().clone()
+    sd["pos_embed"] = table
     ref.load_state_dict(sd)
     return ref
 
