@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 from detectron2.config import LazyConfig, get_cfg, instantiate
+from detectron2.layers import ShapeSpec
 from detectron2.modeling import build_model
 from detectron2.structures import BitMasks, Instances
 from detectron2.utils.events import EventStorage
@@ -21,6 +22,7 @@ from srvit_backbones.detectron2 import (SRViTBackbone, SRViTCheckpointer, add_sr
                                         validate_config)
 from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.srvit import resize_pos_embed
+from srvit_backbones.models.attention import RelPosAttention
 from srvit_backbones.models.rel_pos import is_rel_pos
 from helpers import interpolated_pos_embed, load_tool
 
@@ -255,8 +257,8 @@ def test_yacs_registry_builds_the_detector():
     cfg.MODEL.DEVICE = "cpu"
     cfg.MODEL.BACKBONE.NAME = "build_srvit_sfp_backbone"
     cfg.MODEL.SRVIT.VARIANT = "srvit_t_t2"
-    cfg.MODEL.SRVIT.IMG_SIZE = 256
-    cfg.MODEL.SRVIT.SFP.SQUARE_PAD = 256
+    cfg.MODEL.SRVIT.IMG_SIZE = 128
+    cfg.MODEL.SRVIT.SFP.SQUARE_PAD = 128
     cfg.MODEL.MASK_ON = True
     cfg.MODEL.RPN.IN_FEATURES = cfg.MODEL.ROI_HEADS.IN_FEATURES = ["p2", "p3", "p4", "p5"]
     cfg.MODEL.RPN.IN_FEATURES = ["p2", "p3", "p4", "p5", "p6"]
@@ -265,11 +267,33 @@ def test_yacs_registry_builds_the_detector():
     cfg.MODEL.ROI_BOX_HEAD.NAME = "FastRCNNConvFCHead"
     cfg.MODEL.ROI_BOX_HEAD.NUM_FC = 2
     cfg.MODEL.ROI_MASK_HEAD.NAME = "MaskRCNNConvUpsampleHead"
+    # MODEL.SRVIT keys away from their defaults, each to be found in the built backbone
+    cfg.MODEL.SRVIT.DROP_PATH_RATE = 0.2
+    cfg.MODEL.SRVIT.WINDOW_SIZE = 4
+    cfg.MODEL.SRVIT.USE_REL_POS = True
+    cfg.MODEL.SRVIT.SFP.OUT_CHANNELS = 64
+    cfg.MODEL.RPN.PRE_NMS_TOPK_TEST, cfg.MODEL.RPN.POST_NMS_TOPK_TEST = 100, 20  # a small image: few proposals
+    cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST = 0.0  # an untrained detector's scores: keep its 5 best detections
+    cfg.TEST.DETECTIONS_PER_IMAGE = 5
     model = build_model(cfg).eval()
-    assert isinstance(model.backbone.net, SRViTBackbone)
+    net = model.backbone.net
+    assert isinstance(net, SRViTBackbone)
+    assert (net.srvit.layout, net.srvit.num_steps, net.srvit.embed_dim) == ((3, 2, 1), 2, 384)  # srvit_t_t2
+    assert net.srvit.pretrain_grid == (8, 8)  # IMG_SIZE 128
+    assert net.srvit.schedule.applications[-1].drop_path_rate == pytest.approx(0.2)
+    windows = {a.window_size for a in net.srvit.schedule.applications}
+    assert windows == {0, 4} and net.srvit.global_attn_indexes == net.srvit.schedule.default_global_indexes
+    assert all(isinstance(b.attn, RelPosAttention) for u in net.srvit.units for b in u.blocks)
+    assert model.backbone.output_shape() == {f"p{i}": ShapeSpec(channels=64, stride=2 ** i) for i in range(2, 7)}
+    assert model.backbone.padding_constraints["square_size"] == 128
     with torch.no_grad():
-        out = model([{"image": torch.randint(0, 255, (3, 200, 240), dtype=torch.uint8)}])
-    assert "instances" in out[0]
+        out = model([{"image": torch.randint(0, 255, (3, 100, 120), dtype=torch.uint8)}])
+    instances = out[0]["instances"]
+    assert instances.image_size == (100, 120) and len(instances) == 5
+    assert {"pred_boxes", "scores", "pred_classes", "pred_masks"} <= set(instances.get_fields())
+    assert instances.pred_masks.shape == (5, 100, 120)
+    boxes = instances.pred_boxes.tensor
+    assert (boxes[:, :2] >= 0).all() and (boxes[:, 2] <= 120).all() and (boxes[:, 3] <= 100).all()
 
 
 def _save_core(tmp_path, variant, name, **kw):
