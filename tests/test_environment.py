@@ -63,12 +63,12 @@ def test_mmdet_fpn_roi_extractor_and_iou_run():
     from mmdet.utils import register_all_modules
 
     assert mmdet.__version__ == "3.3.0"
-    register_all_modules(init_default_scope=False)
-    neck = MODELS.build(dict(type="FPN", in_channels=[8, 16], out_channels=8, num_outs=3))
+    register_all_modules(init_default_scope=False)  # and build in mmdet's scope, whichever is the default now
+    neck = MODELS.build(dict(type="FPN", in_channels=[8, 16], out_channels=8, num_outs=3, _scope_="mmdet"))
     pyramid = neck([torch.randn(1, 8, 16, 16), torch.randn(1, 16, 8, 8)])
     assert [tuple(f.shape) for f in pyramid] == [(1, 8, 16, 16), (1, 8, 8, 8), (1, 8, 4, 4)]
 
-    extractor = MODELS.build(dict(type="SingleRoIExtractor", out_channels=8, featmap_strides=[4, 8],
+    extractor = MODELS.build(dict(type="SingleRoIExtractor", out_channels=8, featmap_strides=[4, 8], _scope_="mmdet",
                                   roi_layer=dict(type="RoIAlign", output_size=2, sampling_ratio=2)))
     x_coordinate = [torch.arange(n, dtype=torch.float32).expand(1, 8, n, n).contiguous() for n in (16, 8)]
     rois = torch.tensor([[0, 8, 8, 40, 40], [0, 4, 12, 28, 44]], dtype=torch.float32)  # small: level 0, stride 4
