@@ -196,6 +196,19 @@ def assert_mmengine_resume_restores(runner, ckpt_path, param_name, max_lr):
     return ckpt
 
 
+def interpolated_pos_embed(pos_embed, old_grid, new_grid, num_prefix_tokens=1, mode="bicubic"):
+    """A (1, prefix + h*w, D) position table resized from the ``old_grid`` to the ``new_grid``,
+    written out independently of the loaders: the prefix entries kept, the grid part
+    interpolated as an image (align_corners=False, no antialiasing: timm's
+    ``resample_abs_pos_embed``)."""
+    import torch.nn.functional as F
+
+    dim = pos_embed.shape[-1]
+    grid = pos_embed[:, num_prefix_tokens:].reshape(1, *old_grid, dim).permute(0, 3, 1, 2)
+    resized = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False)
+    return torch.cat([pos_embed[:, :num_prefix_tokens], resized.permute(0, 2, 3, 1).reshape(1, -1, dim)], dim=1)
+
+
 def unit_applications(num_blocks: int, num_steps: int, drop_path_rates=None, window_sizes=None):
     """The applications of a unit of its own (``build_schedule`` of one unit), with these
     per-application rates and windows (K * T each, step-major) where given."""

@@ -234,13 +234,46 @@ def test_token_merging_keeps_shapes_and_is_exact_at_zero():
     assert all(p.grad is not None for p in built.parameters())
 
 
+def tokens_seen_by_blocks(model):
+    """Hooks recording, for every block application, (unit, tokens its attention's qkv
+    projection takes, dtype of the projection's output); returns the list they fill and their
+    handles."""
+    seen, handles = [], []
+    for u, unit in enumerate(model.units):
+        for block in unit.blocks:
+            handles.append(block.attn.qkv.register_forward_hook(
+                lambda m, args, out, u=u: seen.append((u, args[0].shape[1], out.dtype))))
+    return seen, handles
+
+
 def test_token_merging_works_in_bvit_step_features():
+    """Every one of the 12 applications runs on the merged tokens (the class token and 16 - 8
+    patches), and each step feature is that step's output unmerged to the full grid: the
+    merge, then the block with proportional attention (log size as its attention mask) step
+    after step, by hand; a merged patch takes its partner's value, so a map holds 8 distinct
+    vectors."""
     torch.manual_seed(0)
     model = tiny_bvit(token_merge_ratio=0.5)
     x = torch.randn(1, 3, 64, 64)
+    seen, handles = tokens_seen_by_blocks(model)
     with torch.no_grad():
         feats = model.forward_feature_maps(x)
+    for h in handles:
+        h.remove()
+    assert [tokens for _, tokens, _ in seen] == [1 + 16 - 8] * 12
     assert all(f.shape == (1, 64, 4, 4) for f in feats.values())
+    block = model.units[0].blocks[0]
+    with torch.no_grad():
+        tokens, _ = model.embed(x)
+        merge = BipartiteMerge(block.norm1(tokens), 0.5, num_prefix_tokens=1)
+        h, steps = merge.merge(tokens), []
+        for _ in range(12):
+            h = block(h, attn_mask=merge.attention_bias(h.dtype))
+            steps.append(merge.unmerge(h))
+    assert set(feats) == {"step2", "step5", "step8", "step11", "last_feat"}
+    for i in (2, 5, 8, 11):
+        torch.testing.assert_close(feats[f"step{i}"], model.tokens_to_map(steps[i], (4, 4)))
+        assert feats[f"step{i}"].flatten(2).unique(dim=-1).shape[-1] == 8
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -262,13 +295,23 @@ def test_torchscript_refuses_token_merging():
 
 
 def test_token_merging_under_bf16_autocast():
+    """Under bf16 autocast the recursive units run merged (the class token and 16 - 8 patches;
+    the ordinary first and last blocks all 17 tokens) with bf16 projections, close to fp32."""
     model = timm.create_model("srvit_t_t2", img_size=64, embed_dim=64, num_heads=2, num_classes=0,
                               token_merge_ratio=0.5).eval()
     x = torch.randn(1, 3, 64, 64)
+    seen, handles = tokens_seen_by_blocks(model)
     with torch.no_grad():
         fp32 = model.forward_features(x)
+        del seen[:]
         with torch.autocast("cpu", dtype=torch.bfloat16):
             bf16 = model.forward_features(x)
+    for h in handles:
+        h.remove()
+    recursive = set(model.recursive_unit_indices)
+    assert recursive == {1, 2, 3} and {u for u, _, _ in seen} == {0, 1, 2, 3, 4}
+    assert [tokens for u, tokens, _ in seen] == [1 + 16 - 8 if u in recursive else 17 for u, _, _ in seen]
+    assert {dtype for _, _, dtype in seen} == {torch.bfloat16}
     assert F.cosine_similarity(fp32.flatten(), bf16.float().flatten(), dim=0) > 0.99
 
 

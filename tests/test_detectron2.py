@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 from detectron2.config import LazyConfig, get_cfg, instantiate
+from detectron2.layers import ShapeSpec
 from detectron2.modeling import build_model
 from detectron2.structures import BitMasks, Instances
 from detectron2.utils.events import EventStorage
@@ -21,8 +22,9 @@ from srvit_backbones.detectron2 import (SRViTBackbone, SRViTCheckpointer, add_sr
                                         validate_config)
 from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.srvit import resize_pos_embed
+from srvit_backbones.models.attention import RelPosAttention
 from srvit_backbones.models.rel_pos import is_rel_pos
-from helpers import load_tool
+from helpers import interpolated_pos_embed, load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "detectron2_configs")
@@ -255,8 +257,8 @@ def test_yacs_registry_builds_the_detector():
     cfg.MODEL.DEVICE = "cpu"
     cfg.MODEL.BACKBONE.NAME = "build_srvit_sfp_backbone"
     cfg.MODEL.SRVIT.VARIANT = "srvit_t_t2"
-    cfg.MODEL.SRVIT.IMG_SIZE = 256
-    cfg.MODEL.SRVIT.SFP.SQUARE_PAD = 256
+    cfg.MODEL.SRVIT.IMG_SIZE = 128
+    cfg.MODEL.SRVIT.SFP.SQUARE_PAD = 128
     cfg.MODEL.MASK_ON = True
     cfg.MODEL.RPN.IN_FEATURES = cfg.MODEL.ROI_HEADS.IN_FEATURES = ["p2", "p3", "p4", "p5"]
     cfg.MODEL.RPN.IN_FEATURES = ["p2", "p3", "p4", "p5", "p6"]
@@ -265,11 +267,33 @@ def test_yacs_registry_builds_the_detector():
     cfg.MODEL.ROI_BOX_HEAD.NAME = "FastRCNNConvFCHead"
     cfg.MODEL.ROI_BOX_HEAD.NUM_FC = 2
     cfg.MODEL.ROI_MASK_HEAD.NAME = "MaskRCNNConvUpsampleHead"
+    # MODEL.SRVIT keys away from their defaults, each to be found in the built backbone
+    cfg.MODEL.SRVIT.DROP_PATH_RATE = 0.2
+    cfg.MODEL.SRVIT.WINDOW_SIZE = 4
+    cfg.MODEL.SRVIT.USE_REL_POS = True
+    cfg.MODEL.SRVIT.SFP.OUT_CHANNELS = 64
+    cfg.MODEL.RPN.PRE_NMS_TOPK_TEST, cfg.MODEL.RPN.POST_NMS_TOPK_TEST = 100, 20  # a small image: few proposals
+    cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST = 0.0  # an untrained detector's scores: keep its 5 best detections
+    cfg.TEST.DETECTIONS_PER_IMAGE = 5
     model = build_model(cfg).eval()
-    assert isinstance(model.backbone.net, SRViTBackbone)
+    net = model.backbone.net
+    assert isinstance(net, SRViTBackbone)
+    assert (net.srvit.layout, net.srvit.num_steps, net.srvit.embed_dim) == ((3, 2, 1), 2, 384)  # srvit_t_t2
+    assert net.srvit.pretrain_grid == (8, 8)  # IMG_SIZE 128
+    assert net.srvit.schedule.applications[-1].drop_path_rate == pytest.approx(0.2)
+    windows = {a.window_size for a in net.srvit.schedule.applications}
+    assert windows == {0, 4} and net.srvit.global_attn_indexes == net.srvit.schedule.default_global_indexes
+    assert all(isinstance(b.attn, RelPosAttention) for u in net.srvit.units for b in u.blocks)
+    assert model.backbone.output_shape() == {f"p{i}": ShapeSpec(channels=64, stride=2 ** i) for i in range(2, 7)}
+    assert model.backbone.padding_constraints["square_size"] == 128
     with torch.no_grad():
-        out = model([{"image": torch.randint(0, 255, (3, 200, 240), dtype=torch.uint8)}])
-    assert "instances" in out[0]
+        out = model([{"image": torch.randint(0, 255, (3, 100, 120), dtype=torch.uint8)}])
+    instances = out[0]["instances"]
+    assert instances.image_size == (100, 120) and len(instances) == 5
+    assert {"pred_boxes", "scores", "pred_classes", "pred_masks"} <= set(instances.get_fields())
+    assert instances.pred_masks.shape == (5, 100, 120)
+    boxes = instances.pred_boxes.tensor
+    assert (boxes[:, :2] >= 0).all() and (boxes[:, 2] <= 120).all() and (boxes[:, 3] <= 100).all()
 
 
 def _save_core(tmp_path, variant, name, **kw):
@@ -286,21 +310,22 @@ def test_pretraining_checkpoint_loads_into_the_detector(tmp_path, caplog):
     SRViTCheckpointer(model).load(path)
     backbone = model.backbone.net.srvit
     assert backbone.pos_embed.shape == (1, 12 * 12 + 1, 64)
-    resized = srvit_backbones.checkpoint.adapt_pos_embed(core.pos_embed.detach(), backbone)
+    # the expected table, interpolated here (14x14 -> 12x12), not by the loader's own function
+    resized = interpolated_pos_embed(core.pos_embed.detach(), (14, 14), (12, 12))
     torch.testing.assert_close(backbone.pos_embed.detach(), resized)
     # same weights landed: the backbone's features equal the core model's on the same input
     core.eval()
     x = torch.randn(1, 3, 192, 192)
     with torch.no_grad():
         torch.testing.assert_close(model.backbone.net(x)["last_feat"],
-                                   _core_with_table(core, backbone).forward_feature_maps(x)["last_feat"])
+                                   _core_with_table(core, resized).forward_feature_maps(x)["last_feat"])
 
 
-def _core_with_table(core, backbone):
-    """The core model with the detector's resized position table (what loading should do)."""
+def _core_with_table(core, table):
+    """The core model at the detector's 192 pixels with the position table ``table``."""
     ref = create_srvit("srvit_t_t2", embed_dim=64, num_heads=2, img_size=192, num_classes=core.num_classes).eval()
     sd = core.state_dict()
-    sd["pos_embed"] = backbone.pos_embed.detach().clone()
+    sd["pos_embed"] = table
     ref.load_state_dict(sd)
     return ref
 

@@ -2,6 +2,7 @@
 a renamed tool, config or option shows here before a user copies a stale command."""
 import functools
 import glob
+import json
 import os
 import re
 import shlex
@@ -28,12 +29,92 @@ def commands(page):
 ALL = [(os.path.relpath(page, ROOT), command) for page in PAGES for command in commands(page)]
 
 
+def unbracketed(word):
+    """A word of a command, with the brackets that mark it optional (``[--tta]``) removed."""
+    return word[1:-1] if word.startswith("[") and word.endswith("]") else word
+
+
+def documented_arguments(command, tool):
+    """The arguments a documented command passes to ``tool`` (a script, or a module run with
+    ``python -m``): the words after it."""
+    words = [unbracketed(w) for w in shlex.split(command)]
+    return words[words.index(tool) + 1:]
+
+
+# Runs a tool (a script's path, or "-m MODULE") until it parses its command line, keeps the
+# parser it built (the first ArgumentParser asked to parse), and parses each documented
+# argument list with it; prints, as the last line, JSON: per argument list, argparse's error
+# or null. A tool that finishes without parsing a command line accepts no arguments.
+PARSE_DOCUMENTED = r"""
+import argparse, contextlib, io, json, runpy, sys
+
+target, argvs = sys.argv[1], json.loads(sys.argv[2])
+
+
+class ParserBuilt(Exception):
+    pass
+
+
+parsers, parse_known_args = [], argparse.ArgumentParser.parse_known_args
+
+
+def keep_parser(self, args=None, namespace=None):
+    parsers.append(self)
+    raise ParserBuilt
+
+
+argparse.ArgumentParser.parse_known_args = keep_parser
+sys.argv = [target]
+try:
+    if target.startswith("-m "):
+        runpy.run_module(target[3:], run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(target, run_name="__main__")
+except ParserBuilt:
+    pass
+argparse.ArgumentParser.parse_known_args = parse_known_args
+errors = []
+for argv in argvs:
+    stderr = io.StringIO()
+    try:
+        if not parsers:
+            raise SystemExit(print("it parses no command line: arguments " + repr(argv), file=stderr))
+        with contextlib.redirect_stderr(stderr):
+            parsers[0].parse_args(argv)
+        errors.append(None)
+    except SystemExit:
+        errors.append(stderr.getvalue().strip().splitlines()[-1])
+print(json.dumps(errors))
+"""
+
+
+def tool_of(command):
+    """The tools/ script a command runs, "-m MODULE" for ``python -m``, else None."""
+    words = shlex.split(command)
+    if words[:2] == ["python", "-m"]:
+        return "-m " + words[2]
+    return next((w for w in words if w.startswith("tools/") and w.endswith(".py")), None)
+
+
 @functools.lru_cache(maxsize=None)
-def tool_help(script):
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, f"{script} --help failed:\n{proc.stderr[-2000:]}"
-    return proc.stdout
+def parse_errors(tool):
+    """{documented arguments: argparse's error or None} for every documented command that passes
+    ``tool`` arguments, parsed by the parser the tool builds (one process per tool)."""
+    argvs = sorted({tuple(documented_arguments(c, tool.split()[-1])) for _, c in ALL if tool_of(c) == tool} - {()})
+    target = tool if tool.startswith("-m ") else os.path.join(ROOT, tool)
+    proc = subprocess.run([sys.executable, "-c", PARSE_DOCUMENTED, target, json.dumps(argvs)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, f"{tool} could not be run to its argument parsing:\n{proc.stderr[-2000:]}"
+    return dict(zip(argvs, json.loads(proc.stdout.splitlines()[-1]), strict=True))
+
+
+def assert_tool_accepts(page, command, tool):
+    """The tool's own parser accepts the documented arguments: its options, their values and
+    its positional arguments (a command without arguments has nothing to parse)."""
+    argv = tuple(documented_arguments(command, tool.split()[-1]))
+    if argv:
+        error = parse_errors(tool)[argv]
+        assert error is None, f"{page}: {tool} does not accept {command!r}: {error}"
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,6 +148,7 @@ def test_command_names_existing_files_and_flags(page, command):
         module = words[2]
         assert subprocess.run([sys.executable, "-c", f"import importlib.util as u; "
                                f"assert u.find_spec({module!r})"], cwd=ROOT).returncode == 0, module
+        assert_tool_accepts(page, command, tool_of(command))
         return
     if words[0] == "mim":
         assert words[1] in ("train", "test") and words[2] in ("mmdet", "mmseg"), command
@@ -74,7 +156,4 @@ def test_command_names_existing_files_and_flags(page, command):
     assert scripts, f"{page}: {command!r} runs no tools/ script, make target, module or mim"
     script = scripts[0]
     assert os.path.isfile(os.path.join(ROOT, script)), f"{page}: {script} does not exist"
-    accepted = tool_help(script)
-    for flag in (w.split("=")[0] for w in words[words.index(script) + 1:] if w.startswith("--")):
-        assert re.search(rf"(^|[\s,\[]){re.escape(flag)}([\s,=\]]|$)", accepted, flags=re.M), \
-            f"{page}: {script} does not accept {flag} ({command})"
+    assert_tool_accepts(page, command, script)

@@ -52,11 +52,34 @@ def test_mmseg_uperhead_and_multilevel_neck_run():
     assert head(list(feats)).shape == (2, 5, 32, 32)
 
 
-def test_mmdet_models_import():
+def test_mmdet_fpn_roi_extractor_and_iou_run():
+    """mmdet's registry builds its FPN and its RoI extractor (mmcv's compiled RoIAlign inside),
+    and they compute: on a map whose value is the x coordinate, RoIAlign averages samples of a
+    linear function, so each bin gives its centre's x on the feature map (aligned: image
+    coordinate / stride - 0.5); the IoU of two boxes is the one by hand."""
     import mmdet
-    import mmdet.models  # noqa: F401
+    from mmdet.registry import MODELS
+    from mmdet.structures.bbox import bbox_overlaps
+    from mmdet.utils import register_all_modules
 
     assert mmdet.__version__ == "3.3.0"
+    register_all_modules(init_default_scope=False)  # and build in mmdet's scope, whichever is the default now
+    neck = MODELS.build(dict(type="FPN", in_channels=[8, 16], out_channels=8, num_outs=3, _scope_="mmdet"))
+    pyramid = neck([torch.randn(1, 8, 16, 16), torch.randn(1, 16, 8, 8)])
+    assert [tuple(f.shape) for f in pyramid] == [(1, 8, 16, 16), (1, 8, 8, 8), (1, 8, 4, 4)]
+
+    extractor = MODELS.build(dict(type="SingleRoIExtractor", out_channels=8, featmap_strides=[4, 8], _scope_="mmdet",
+                                  roi_layer=dict(type="RoIAlign", output_size=2, sampling_ratio=2)))
+    x_coordinate = [torch.arange(n, dtype=torch.float32).expand(1, 8, n, n).contiguous() for n in (16, 8)]
+    rois = torch.tensor([[0, 8, 8, 40, 40], [0, 4, 12, 28, 44]], dtype=torch.float32)  # small: level 0, stride 4
+    pooled = extractor(x_coordinate, rois)
+    assert pooled.shape == (2, 8, 2, 2)
+    for roi, out in zip(rois, pooled):
+        x1, x2 = roi[1] / 4, roi[3] / 4
+        centres = x1 - 0.5 + (torch.arange(2) + 0.5) * (x2 - x1) / 2
+        torch.testing.assert_close(out, centres.expand(8, 2, 2))
+    iou = bbox_overlaps(torch.tensor([[0.0, 0, 10, 10]]), torch.tensor([[5.0, 5, 15, 15]]))
+    torch.testing.assert_close(iou, torch.tensor([[25 / 175]]))  # 5x5 overlap of 100 + 100 - 25
 
 
 def test_timm_creates_a_vit():

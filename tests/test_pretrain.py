@@ -13,7 +13,7 @@ from timm.data import auto_augment
 
 from srvit_backbones import create_srvit
 from srvit_backbones.pretrain import augment, engine, recipe, trainer
-from helpers import load_tool
+from helpers import interpolated_pos_embed, load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -295,10 +295,8 @@ def test_pretraining_checkpoint_flows_into_both_frameworks(image_folder, tmp_pat
     core = create_srvit("srvit_t_t2", num_classes=3, img_size=32)
     core.load_state_dict(sd)
     ref = create_srvit("srvit_t_t2", num_classes=0, img_size=64).eval()
-    from srvit_backbones.checkpoint import adapt_pos_embed
-
     ref_sd = {k: v for k, v in sd.items() if not k.startswith("head")}
-    ref_sd["pos_embed"] = adapt_pos_embed(sd["pos_embed"], ref)
+    ref_sd["pos_embed"] = interpolated_pos_embed(sd["pos_embed"], (2, 2), (4, 4))  # not the loader's function
     ref.load_state_dict(ref_sd)
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
@@ -346,19 +344,63 @@ def test_convert_checkpoint_keeps_ema_and_resizes(tmp_path):
     tool.main([str(tmp_path / "pickled.pth"), str(tmp_path / "o2.pth"), "--model", "srvit_t_t2", "--trust"])
 
 
+# tools/pretrain.py as torchrun starts it, with timm's RepeatAugSampler observed: the indices
+# each rank's sampler hands its loader, per pass, are written to drawn_rank<RANK>.json
+SAMPLER_RECORDING_LAUNCHER = """
+import json, os, runpy, sys
+
+from timm.data.distributed_sampler import RepeatAugSampler
+
+passes, draw = [], RepeatAugSampler.__iter__
+
+
+def recorded(self):
+    indices = list(draw(self))
+    passes.append(dict(epoch=self.epoch, rank=self.rank, replicas=self.num_replicas, repeats=self.num_repeats,
+                       dataset=len(self.dataset), indices=indices))
+    return iter(indices)
+
+
+RepeatAugSampler.__iter__ = recorded
+tool, out = sys.argv[1], sys.argv[2]
+sys.argv = [tool] + sys.argv[3:]
+try:
+    runpy.run_path(tool, run_name="__main__")
+finally:
+    with open(os.path.join(out, "drawn_rank%s.json" % os.environ["RANK"]), "w") as f:
+        json.dump(passes, f)
+"""
+
+
 def test_torchrun_two_processes_with_repeated_augmentation(image_folder, tmp_path):
+    """Two processes train with timm's repeated-augmentation sampler (the recipe's 3 repeats):
+    each rank draws its share, 18 / 2 = 9 indices of the epoch; interleaved, the two ranks'
+    draws are 6 images each repeated 3 times in a row, so every image's augmented copies are
+    split across both ranks. Evaluation is reduced over both processes."""
     import subprocess
     import sys
 
+    launcher = tmp_path / "recording_launcher.py"
+    launcher.write_text(SAMPLER_RECORDING_LAUNCHER)
     env = dict(os.environ, OMP_NUM_THREADS="1",  # the checkout's package, installed or not
                PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
-           os.path.join(ROOT, "tools", "pretrain.py"), *tiny_args(image_folder, tmp_path, "--epochs", "1",
-                                                                  "--device", "cpu")]
+           str(launcher), os.path.join(ROOT, "tools", "pretrain.py"), str(tmp_path),
+           *tiny_args(image_folder, tmp_path, "--epochs", "1", "--device", "cpu")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
-    assert "repeated augmentation" not in log  # on: the sampler is timm's RepeatAugSampler
+    assert "repeated augmentation" not in log  # no warning that it is off
+    passes = [json.loads((tmp_path / f"drawn_rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [len(p) for p in passes] == [1, 1], passes  # one epoch: one pass of each rank's sampler
+    (first,), (second,) = passes
+    assert [(p["epoch"], p["rank"], p["replicas"], p["repeats"], p["dataset"]) for p in (first, second)] == \
+        [(0, 0, 2, 3, 18), (0, 1, 2, 3, 18)]
+    assert len(first["indices"]) == len(second["indices"]) == 18 // 2
+    interleaved = [i for pair in zip(first["indices"], second["indices"]) for i in pair]
+    images = interleaved[::3]
+    assert len(set(images)) == 6 and interleaved == [i for i in images for _ in range(3)], interleaved
+    assert set(images) <= set(first["indices"]) & set(second["indices"])
     assert "top-1" in log and "(6 images)" in log  # evaluation reduced over both processes
     assert torch.load(tmp_path / "last.pth", weights_only=True)["epoch"] == 0
 

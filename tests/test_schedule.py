@@ -2,6 +2,8 @@
 runs where: its numbering, rates, windows and features, and every part of the model reads it
 (units, global applications, relative-position tables, features), also after a change of
 depth and a pruning."""
+import math
+
 import pytest
 import timm
 import torch
@@ -41,18 +43,73 @@ def test_bvit_features_count_steps_and_the_deit_layout_keeps_vitdets_global_bloc
     assert default_global_attn_indexes((1,), 12, ordinary_blocks=False, step_features=True) == (2, 5, 8, 11)
 
 
+def executed_applications(model, x):
+    """What one training forward pass of ``model`` on ``x`` runs, observed from outside the
+    units, one entry per block application in the order they run: (unit, block, window, drop-path
+    rate). The window is the extent of attention: the tokens the attention output of the first
+    patch token depends on (autograd, on the live graph), a side of that many if they are fewer
+    than all, else 0 (global). The rate is read off the attention branch's residual: drop-path
+    keeps a sample's branch scaled by 1 / (1 - rate) or drops it, so ``rate = 1 - 1 / scale``
+    on a kept sample."""
+    records, handles = [], []
+
+    def hook(name, unit, block):
+        def record(module, args, output=None):
+            if name == "norm1":
+                records.append(dict(unit=unit, block=block, block_input=args[0]))
+            elif name == "ls1":
+                records[-1]["branch"] = output
+            else:
+                records[-1][name] = args[0]
+        return record
+
+    for u, unit in enumerate(model.units):
+        for k, block in enumerate(unit.blocks):
+            for name, module in (("norm1", block.norm1), ("qkv", block.attn.qkv), ("proj", block.attn.proj),
+                                 ("norm2", block.norm2)):
+                handles.append(module.register_forward_pre_hook(hook(name, u, k)))
+            handles.append(block.ls1.register_forward_hook(hook("ls1", u, k)))
+    try:
+        model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    prefix = model.num_prefix_tokens
+    executed = []
+    for r in records:
+        reached = torch.autograd.grad(r["proj"][0, prefix].sum(), r["qkv"], retain_graph=True)[0]
+        attended = int(reached[0].abs().sum(-1).gt(0).sum())
+        window = 0 if attended == r["qkv"].shape[1] else math.isqrt(attended)
+        assert window == 0 or window * window == attended, attended
+        with torch.no_grad():
+            residual, branch = (r["norm2"] - r["block_input"]).flatten(1), r["branch"].flatten(1)
+            scale = (residual * branch).sum(1) / branch.square().sum(1)  # per sample: 0 or 1 / (1 - rate)
+        kept = scale[scale > 0.5]
+        assert len(kept) and torch.allclose(kept, kept[0], rtol=1e-4), scale
+        executed.append((r["unit"], r["block"], window, 1 - 1 / kept[0].item()))
+    return executed
+
+
 @pytest.mark.parametrize("options", [dict(), dict(window_size=2, use_rel_pos=True),
                                      dict(window_size=2, global_attn_indexes=(0, 3))])
 def test_the_model_runs_its_schedule(options):
-    model = SRViT(img_size=64, embed_dim=32, num_heads=2, layout=(2, 1), num_steps=3, drop_path_rate=0.3, **options)
+    """A forward pass runs every application of the schedule, in its order, each with its own
+    window and drop-path rate (observed in the run, not read from the units' settings), and
+    the blocks hold the relative-position tables of the windows they run at."""
+    torch.manual_seed(0)
+    model = SRViT(img_size=64, embed_dim=32, num_heads=2, layout=(2, 1), num_steps=3, drop_path_rate=0.3,
+                  **options).train()
     schedule = model.schedule
     assert model.effective_depth == schedule.depth == 2 + 3 * 3
     assert model.global_attn_indexes == schedule.global_indexes
     assert model.feature_points == list(schedule.features)
+    if options:  # the windows under test: windowed and global applications of one shared block
+        assert len({a.window_size for a in schedule.of_unit(1) if a.block == 0}) == 2
+    executed = executed_applications(model, torch.randn(4, 3, 64, 64))
+    expected = [(a.unit, a.block, a.window_size, a.drop_path_rate) for a in schedule.applications]
+    assert [e[:3] for e in executed] == [e[:3] for e in expected]
+    assert [e[3] for e in executed] == pytest.approx([e[3] for e in expected], abs=1e-4)
     for u, unit in enumerate(model.units):
-        applications = schedule.of_unit(u)
-        assert unit.drop_path_rates == [a.drop_path_rate for a in applications]
-        assert unit.window_sizes == [a.window_size for a in applications]
         for k, block in enumerate(unit.blocks):
             window, has_global = schedule.extents(u, k)
             if options.get("use_rel_pos"):

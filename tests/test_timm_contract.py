@@ -12,6 +12,7 @@ S ones (and DeiT-B is DeiT-S), so the tracing checks run once per distinct struc
 (``STRUCTURES``, ids naming the variants covered), on one FX trace each. The default-cfg names
 are checked at full size too (model creation only).
 """
+import copy
 import functools
 import math
 
@@ -100,16 +101,56 @@ def check_dense(outputs, model_or_info, size, batch):
         assert not torch.isnan(o).any()
 
 
-# ----------------------------------------------------------------------------- eager contract
-@pytest.mark.parametrize("name", NAMES)
-def test_forward_and_grad_checkpointing(name):
-    model = tiny(name).eval()
-    x = images(SIZES[0])
+def randomize_rel_pos(model):
+    """Relative-position tables drawn at random: zero-initialised ones add no bias and would
+    hide a table used at the wrong application."""
+    torch.manual_seed(1)
     with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "rel_pos" in n:
+                p.normal_(0, 0.3)
+    return model
+
+
+def output_and_saved_tensors(model, x):
+    """``model(x)`` and how many tensors autograd saved for its backward pass."""
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(1) or t, lambda t: t):
         out = model(x)
-        assert out.shape == (1, 1000) and not torch.isnan(out).any()
-        model.set_grad_checkpointing()
-        torch.testing.assert_close(model(x), out, rtol=1e-4, atol=1e-5)
+    return out, len(saved)
+
+
+# every variant, and the options that take other paths through a checkpointed application:
+# windows with relative positions (padded to whole windows at 64x48), token merging's bias
+CHECKPOINTED = [pytest.param(name, {}, id=name) for name in NAMES] + [
+    pytest.param("srvit_t_t2", dict(window_size=2, use_rel_pos=True), id="srvit_t_t2-windows_rel_pos"),
+    pytest.param("srvit_t_t3", dict(token_merge_ratio=0.5), id="srvit_t_t3-token_merging")]
+
+
+# ----------------------------------------------------------------------------- eager contract
+@pytest.mark.parametrize("name,options", CHECKPOINTED)
+def test_forward_and_grad_checkpointing(name, options):
+    """Gradient checkpointing gives the plain model's output and gradients (drop-path masks
+    included: the recomputation must draw the forward pass's). Compared with grad enabled, where
+    the units checkpoint each block application (under no_grad they run the plain path); that
+    the checkpointed path ran shows as fewer tensors saved for the backward pass."""
+    plain = randomize_rel_pos(tiny(name, drop_path_rate=0.2, **options)).train()
+    checkpointed = copy.deepcopy(plain)
+    checkpointed.set_grad_checkpointing()
+    x = images(SIZES[0], batch=2)
+    torch.manual_seed(2)
+    out, saved_plain = output_and_saved_tensors(plain, x)
+    torch.manual_seed(2)
+    out_checkpointed, saved_checkpointed = output_and_saved_tensors(checkpointed, x)
+    assert out.shape == (2, 1000) and not torch.isnan(out).any()
+    assert saved_checkpointed < saved_plain / 2, (saved_checkpointed, saved_plain)
+    torch.testing.assert_close(out_checkpointed, out)
+    out.square().sum().backward()
+    out_checkpointed.square().sum().backward()
+    grads = dict(checkpointed.named_parameters())
+    for n, p in plain.named_parameters():
+        assert p.grad is not None and grads[n].grad is not None, n
+        torch.testing.assert_close(grads[n].grad, p.grad, msg=n)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -179,9 +220,13 @@ def test_features_only_and_intermediates(name):
             final, inter = model.forward_intermediates(x)
             check_dense(inter, timm.models.FeatureInfo(model.feature_info, len(model.feature_info)), size, 1)
             torch.testing.assert_close(final, model.forward_features(x), rtol=0, atol=0)
-            model.set_grad_checkpointing()
-            torch.testing.assert_close(model.forward_intermediates(x)[0], final, rtol=1e-4, atol=1e-5)
-            model.set_grad_checkpointing(False)
+        # with grad enabled, where the units checkpoint (under no_grad they run the plain path)
+        model.set_grad_checkpointing()
+        checkpointed_final, checkpointed_inter = model.forward_intermediates(x)
+        model.set_grad_checkpointing(False)
+        torch.testing.assert_close(checkpointed_final, final)
+        for got, expected in zip(checkpointed_inter, inter, strict=True):
+            torch.testing.assert_close(got, expected)
 
 
 # ----------------------------------------------------------------------------- TorchScript
