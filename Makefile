@@ -10,7 +10,7 @@ setup:
 
 test:
 	@test -x $(PY) || { echo "no environment at $(PY): run 'make setup' first (or PY=python make test)"; exit 1; }
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=15
 
 collect-env:
 	$(PY) -m srvit_backbones.collect_env
