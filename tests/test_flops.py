@@ -101,13 +101,18 @@ def test_count_flops_reproduces_table4(task, capsys):
         core = create_srvit(variant, img_size=32, num_classes=0)
         dim, depth = core.embed_dim, core.effective_depth
         if task == "detection":
-            assert r["input"] == "1024x1024" and r["params_m_run"] == r["params_m"] and r["gflops_run"] == r["gflops"]
+            # the shipped detector runs what the paper counted: its own counts against the paper's too
+            assert r["input"] == "1024x1024" and abs(r["params_m_run"] - params) <= 0.1, r
+            assert abs(r["gflops_run"] - gflops) / gflops < 0.01, r
             tokens = 64 * 64 + 1  # the 64x64 grid and the class token a global backbone carries
             attention = depth * 2 * tokens ** 2 * dim
             assert (r["gflops_full"] - r["gflops"]) * 1e9 == pytest.approx(attention, rel=1e-9), r
         else:
-            assert r["input"] == "512x512" and r["gflops_run"] == 2 * r["gflops_full"]
+            assert r["input"] == "512x512"
             pruned = variant != "srvit_deit_s"  # DeiT-S returns its last block (layer 12)
             block_params, block_flops = block_cost(1 + 32 * 32, dim) if pruned else (0, 0)
             assert (r["params_m"] - r["params_m_run"]) * 1e6 == pytest.approx(block_params, abs=0.5), r
             assert (r["gflops"] - r["gflops_run"]) * 1e9 == pytest.approx(2 * block_flops, rel=1e-9), r
+            # what a forward pass costs (one multiply-add, one FLOP) plus the unused block, by hand, is
+            # the paper's figure in its 2x convention
+            assert abs(2 * (r["gflops_full"] * 1e9 + block_flops) - gflops * 1e9) / (gflops * 1e9) < 0.01, r
