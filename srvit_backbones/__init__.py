@@ -4,11 +4,11 @@ MMSegmentation adapters.
 Importing this package registers the SR-ViT variants with timm; it never imports detectron2,
 mmdet or mmseg (import ``srvit_backbones.detectron2`` / ``.mmdet`` / ``.mmseg``).
 """
-from .config_files import config_dir, config_path, list_configs, resolve_config
+from .config_files import config_dir, config_folders, config_path, list_configs, resolve_config
 from .models import VARIANTS, SoftMoRUnit, SRViT, create_srvit, make_layout
 from .checkpoint import CheckpointError, LoadReport, load_pretrained
 
 __version__ = "0.1.0"
 __all__ = ["SRViT", "SoftMoRUnit", "VARIANTS", "create_srvit", "make_layout", "load_pretrained",
-           "LoadReport", "CheckpointError", "config_dir", "config_path", "list_configs",
+           "LoadReport", "CheckpointError", "config_dir", "config_folders", "config_path", "list_configs",
            "resolve_config"]

@@ -27,9 +27,25 @@ def config_path(framework: str, name: str) -> Optional[str]:
     return path if os.path.isfile(path) else None
 
 
-def list_configs(framework: str) -> List[str]:
+def list_configs(framework: str, folder: Optional[str] = None) -> List[str]:
+    """The shipped configs' names: the top folder's (the Mask R-CNN ones), or a subfolder's as
+    ``folder/name.py`` (``list_configs("detectron2", "cascade")``), the names ``resolve_config``
+    and the tools take."""
     root = config_dir(framework)
-    return sorted(f for f in os.listdir(root) if f.endswith(".py"))
+    if folder is None:
+        return sorted(f for f in os.listdir(root) if f.endswith(".py"))
+    folder = folder.strip("/")
+    if not folder or folder.startswith(("_", "common")) or not os.path.isdir(os.path.join(root, folder)):
+        raise FileNotFoundError(f"no shipped {framework} config folder {folder!r} (folders: "
+                                f"{', '.join(config_folders(framework))})")
+    return sorted(f"{folder}/{f}" for f in os.listdir(os.path.join(root, folder)) if f.endswith(".py"))
+
+
+def config_folders(framework: str) -> List[str]:
+    """The subfolders that hold shipped configs (not ``common/`` nor ``_base_/``)."""
+    root = config_dir(framework)
+    return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))
+                  and not d.startswith(("_", ".", "common")) and any(f.endswith(".py") for f in os.listdir(os.path.join(root, d))))
 
 
 def resolve_config(framework: str, path: str) -> str:
@@ -40,5 +56,10 @@ def resolve_config(framework: str, path: str) -> str:
     shipped = config_path(framework, path)
     if shipped is None:
         raise FileNotFoundError(f"config {path!r} not found: neither a file nor a shipped {framework} config "
+                                f"(shipped: {', '.join(list_configs(framework))}; and in the folders "
+                                f"{', '.join(f + '/' for f in config_folders(framework))}: name them as "
+                                f"FOLDER/NAME.py, e.g. {list_configs(framework, config_folders(framework)[0])[0]})"
+                                if config_folders(framework) else
+                                f"config {path!r} not found: neither a file nor a shipped {framework} config "
                                 f"(shipped: {', '.join(list_configs(framework))})")
     return shipped

@@ -116,3 +116,24 @@ def test_count_flops_reproduces_table4(task, capsys):
             # what a forward pass costs (one multiply-add, one FLOP) plus the unused block, by hand, is
             # the paper's figure in its 2x convention
             assert abs(2 * (r["gflops_full"] * 1e9 + block_flops) - gflops * 1e9) / (gflops * 1e9) < 0.01, r
+
+
+def test_count_flops_takes_a_config_folder_and_subfolder_names(monkeypatch):
+    """`--configs cascade/` stands for the folder's configs and `lvis/NAME.py` names one; the top
+    folder's Mask R-CNN configs stay the default (Table 4). What each path measures is the Table 4
+    test's; here only which paths are measured (the measuring replaced by a recorder)."""
+    import srvit_backbones
+
+    tool = load_tool("count_flops")
+    measured = []
+    monkeypatch.setattr(tool, "measure_detector", lambda path: measured.append(path) or dict(model=path))
+    tool.table4_rows(tool.parse_args(["--task", "detection", "--configs", "cascade/", "lvis/mask_rcnn_srvit_s_t3.py"]))
+    expected = srvit_backbones.list_configs("detectron2", "cascade") + ["lvis/mask_rcnn_srvit_s_t3.py"]
+    assert measured == [srvit_backbones.resolve_config("detectron2", n) for n in expected] and len(expected) == 5
+    measured.clear()
+    tool.table4_rows(tool.parse_args(["--task", "detection"]))
+    assert [p.split("detectron2_configs/")[1] for p in measured] == srvit_backbones.list_configs("detectron2")
+    with pytest.raises(SystemExit, match=r"no shipped detectron2 config folder 'common' \(folders: cascade, lvis, "):
+        tool.table4_rows(tool.parse_args(["--task", "detection", "--configs", "common/"]))
+    with pytest.raises(SystemExit, match=r"in the folders cascade/, lvis/, .*name them as FOLDER/NAME.py"):
+        tool.table4_rows(tool.parse_args(["--task", "detection", "--configs", "cascade_mask_rcnn_srvit_s_t3.py"]))

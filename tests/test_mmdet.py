@@ -1,6 +1,8 @@
 """MMDetection: the SR-ViT backbone, the Simple Feature Pyramid, the layer-decay constructor and
 the configs against detectron2's, and tools/train_det.py / test_det.py / mim / DetInferencer end
 to end on synthetic COCO."""
+import copy
+import functools
 import glob
 import json
 import os
@@ -42,8 +44,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, "mmdet_configs")
 D2_CONFIGS = os.path.join(ROOT, "detectron2_configs")
 # every shipped config (quickstart/ included), found by glob: a new one is covered unedited
+# (Mask R-CNN; cascade/ and lvis/ have their own sweep, ZOO, below)
+ZOO_FOLDERS = ("cascade", "lvis")
 CONFIGS = sorted(p for p in glob.glob(os.path.join(CONFIG_DIR, "**", "*.py"), recursive=True)
-                 if "_base_" not in os.path.relpath(p, CONFIG_DIR).split(os.sep))
+                 if not {"_base_", *ZOO_FOLDERS} & set(os.path.relpath(p, CONFIG_DIR).split(os.sep)))
+ZOO = sorted(p for folder in ZOO_FOLDERS for p in glob.glob(os.path.join(CONFIG_DIR, folder, "*.py")))
 FLAGSHIP = os.path.join(CONFIG_DIR, "mask_rcnn_srvit_s_t3_lsj.py")
 QUICKSTART = os.path.join(CONFIG_DIR, "quickstart", "mask_rcnn_srvit_tiny_cpu.py")
 MMDET_TOOLS = os.path.join(os.path.dirname(mmdet.__file__), ".mim", "tools")
@@ -71,10 +76,11 @@ def detectron2_twin(path):
     return twin if name.endswith("_lsj.py") and os.path.isfile(twin) else None
 
 
-def shrink(cfg: Config) -> Config:
+def shrink(cfg: Config, lvis_ann_file=None) -> Config:
     """The config's detector at width 32, with 32-channel pyramid and heads, 64-pixel images,
     fp32 and no pretrained file; everything else (variant, layout, T, windows, out_indices,
-    heads' types, constructor) as shipped."""
+    heads' types, constructor) as shipped. A cascade's three box heads are shrunk alike; the
+    federated loss reads its class weights from ``lvis_ann_file``."""
     model = cfg.model
     model.backbone.update(img_size=(SIZE, SIZE), embed_dim=WIDTH, num_heads=HEADS)
     model.backbone.pop("init_cfg", None)
@@ -86,9 +92,13 @@ def shrink(cfg: Config) -> Config:
     model.rpn_head.update(in_channels=CHANNELS, feat_channels=CHANNELS)
     roi = model.roi_head
     roi.bbox_roi_extractor.out_channels = roi.mask_roi_extractor.out_channels = CHANNELS
-    roi.bbox_head.update(in_channels=CHANNELS, conv_out_channels=CHANNELS, fc_out_channels=64)
+    for head in roi.bbox_head if isinstance(roi.bbox_head, list) else [roi.bbox_head]:
+        head.update(in_channels=CHANNELS, conv_out_channels=CHANNELS, fc_out_channels=64)
+        if head.loss_cls.type == "FederatedSigmoidCELoss":
+            head.loss_cls.ann_file = lvis_ann_file
     roi.mask_head.update(in_channels=CHANNELS, conv_out_channels=CHANNELS)
-    model.train_cfg.rcnn.sampler.num = 64
+    for stage in model.train_cfg.rcnn if isinstance(model.train_cfg.rcnn, list) else [model.train_cfg.rcnn]:
+        stage.sampler.num = 64
     cfg.optim_wrapper.type = "OptimWrapper"  # AmpOptimWrapper needs a GPU
     return cfg
 
@@ -651,11 +661,16 @@ def test_demo_and_plot_curves_read_mmdet(coco_root, trained, tmp_path, monkeypat
 
 
 # ----------------------------------------------------------------------------- multi-process
-def _ddp_worker(rank, init_file):
+def _ddp_worker(rank, init_file, lvis_ann_file):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     register_all_modules()
-    cfg = shrink(Config.fromfile(FLAGSHIP))
+    for path in (FLAGSHIP, LVIS_CASCADE):
+        _ddp_steps(rank, shrink(Config.fromfile(path), lvis_ann_file))
+    dist.destroy_process_group()
+
+
+def _ddp_steps(rank, cfg):
     torch.manual_seed(0)
     model = MODELS.build(cfg.model)
     model.init_weights()
@@ -669,10 +684,243 @@ def _ddp_worker(rank, init_file):
     gathered = [torch.empty_like(flat) for _ in range(2)]
     dist.all_gather(gathered, flat)
     assert torch.equal(gathered[0], gathered[1])
-    dist.destroy_process_group()
 
 
-def test_flagship_trains_under_two_process_gloo_ddp(tmp_path):
+def test_flagship_trains_under_two_process_gloo_ddp(tmp_path, lvis_root):
     """mmengine's DDP wrapper with its defaults (find_unused_parameters=False) and the recipe's
-    fp16 gradient compression: two steps, each rank on its own data."""
-    mp.spawn(_ddp_worker, args=(str(tmp_path / "dist_init"),), nprocs=2, join=True)
+    fp16 gradient compression: two steps, each rank on its own data; the flagship's Mask R-CNN,
+    then its LVIS Cascade Mask R-CNN (three stages, one mask head, the federated loss)."""
+    mp.spawn(_ddp_worker, args=(str(tmp_path / "dist_init"), lvis_json(lvis_root, "train")), nprocs=2, join=True)
+
+
+# ----------------------------------------------------------------------------- the zoo: cascade/ and lvis/
+LVIS_CASCADE = os.path.join(CONFIG_DIR, "lvis", "cascade_mask_rcnn_srvit_s_t3_lsj.py")
+
+
+@pytest.fixture(scope="module")
+def lvis_root(tmp_path_factory):
+    """Synthetic LVIS v1: ROOT/coco/{train,val}2017 (mmdet's data_root, images by coco_url) and
+    ROOT/lvis/lvis_v1_{train,val}.json."""
+    root = tmp_path_factory.mktemp("mmdet_lvis")
+    load_tool("make_synthetic_lvis").main(["--root", str(root), "--train", "4", "--val", "2", "--size", "64", "80"])
+    return root
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed(path):
+    return Config.fromfile(path)
+
+
+def zoo_cfg(path):
+    """Config.fromfile(path), parsed once per session (a copy: the tests change theirs)."""
+    return copy.deepcopy(_parsed(path))
+
+
+def lvis_json(root, split):
+    return str(root / "lvis" / f"lvis_v1_{split}.json")
+
+
+def d2_twin(path):
+    """The detectron2 config of the same detector, dataset and variant: cascade/X_lsj.py -> cascade/X.py."""
+    return os.path.join(D2_CONFIGS, re.sub(r"_lsj\.py$", ".py", config_name(path)))
+
+
+def bbox_heads(cfg_or_module):
+    heads = cfg_or_module.bbox_head
+    return list(heads) if isinstance(heads, (list, torch.nn.ModuleList)) else [heads]
+
+
+def test_the_zoo_is_detectron2s_zoo():
+    assert len(ZOO) == 12 and all(os.path.isfile(d2_twin(p)) for p in ZOO)
+
+
+@pytest.mark.parametrize("path", ZOO, ids=config_name)
+def test_every_zoo_config_trains_one_step(path, lvis_root):
+    """test_every_config_trains_one_step for cascade/ and lvis/: every parameter gets a gradient,
+    the optimizer holds each; three stages with their box losses and one mask loss (detectron2's
+    cascade); the LVIS heads' federated loss weighted by the training file's image counts."""
+    cfg = shrink(zoo_cfg(path), lvis_json(lvis_root, "train"))
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    model.train()
+    losses = model(**model.data_preprocessor(batch(seed=0), training=True), mode="loss")
+    cascade = config_name(path).startswith(("cascade", os.path.join("lvis", "cascade")))
+    expected = {f"s{i}.{k}" for i in range(3) for k in ("loss_cls", "loss_bbox")} | {"s0.loss_mask"} if cascade else \
+        {"loss_cls", "loss_bbox", "loss_mask"}
+    assert expected | {"loss_rpn_cls"} <= set(losses) and not {"s1.loss_mask", "s2.loss_mask"} & set(losses)
+    if cascade:
+        assert len(model.roi_head.mask_head) == 1
+    if config_name(path).startswith("lvis"):
+        counts = {c["id"]: c["image_count"] for c in json.load(open(lvis_json(lvis_root, "train")))["categories"]}
+        expected_weights = torch.tensor([max(counts[i], 1) for i in sorted(counts)], dtype=torch.float) ** 0.5
+        for head in bbox_heads(model.roi_head):
+            assert head.num_classes == 1203 and head.fc_cls.out_features == 1204
+            assert torch.equal(head.loss_cls.fed_loss_cls_weights, expected_weights)
+    loss, _ = model.parse_losses(losses)
+    assert torch.isfinite(loss)
+    loss.backward()
+    trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    assert [name for name, p in trainable.items() if p.grad is None] == []
+    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    assert sorted(id(p) for g in wrapper.optimizer.param_groups for p in g["params"]) == \
+        sorted(id(p) for p in trainable.values())
+
+
+@pytest.mark.parametrize("path", ZOO, ids=config_name)
+def test_zoo_config_is_its_detectron2_twins_recipe(path):
+    """Point by point against the detectron2 config of the same name: backbone, pyramid, data
+    pipelines and padding equal the mmdet Mask R-CNN config of the variant; the cascade's stages (box weights as
+    target stds, IoU, class-agnostic, LN, 4 convs + fc), the LVIS settings (classes, score
+    threshold, top 300, repeat threshold, evaluator's 300 detections), schedule and layer decay."""
+    cfg, d2 = zoo_cfg(path), LazyConfig.load(d2_twin(path))
+    coco = zoo_cfg(os.path.join(CONFIG_DIR, os.path.basename(path).replace("cascade_", "")))
+    assert cfg.model.backbone == coco.model.backbone and cfg.model.neck == coco.model.neck
+    # the COCO config's data and test protocol (test_every_config_tests_at_its_padded_square's)
+    assert cfg.model.data_preprocessor == coco.model.data_preprocessor
+    train = cfg.train_dataloader.dataset
+    assert (train.get("dataset") or train).pipeline == coco.train_pipeline == cfg.train_pipeline
+    assert cfg.val_dataloader.dataset.pipeline == cfg.test_dataloader.dataset.pipeline == coco.test_pipeline
+    assert cfg.optim_wrapper == coco.optim_wrapper and cfg.custom_hooks == coco.custom_hooks
+    assert cfg.train_cfg.max_iters == d2.train.max_iter and cfg.param_scheduler[0].end == \
+        round(d2.lr_multiplier.warmup_length * d2.train.max_iter) and cfg.param_scheduler[1].end == d2.train.max_iter
+    assert cfg.optim_wrapper.paramwise_cfg.layer_decay_rate == d2.optimizer.params.lr_decay
+    roi, d2_roi = cfg.model.roi_head, d2.model.roi_heads
+    if "box_predictors" in d2_roi:
+        assert roi.type == "SingleMaskCascadeRoIHead" and roi.stage_loss_weights == [1.0, 1.0, 1.0]
+        for head, rcnn, d2_head, predictor, matcher in zip(roi.bbox_head, cfg.model.train_cfg.rcnn, d2_roi.box_heads,
+                                                           d2_roi.box_predictors, d2_roi.proposal_matchers):
+            weights = predictor.box2box_transform.weights
+            assert head.bbox_coder.target_stds == pytest.approx([1 / w for w in weights])
+            assert head.reg_class_agnostic == predictor.cls_agnostic_bbox_reg is True
+            assert head.type == "Shared4Conv1FCBBoxHead" and (len(d2_head.conv_dims), len(d2_head.fc_dims)) == (4, 1)
+            assert head.fc_out_channels == d2_head.fc_dims[0] == 1024
+            assert head.norm_cfg.type == "LayerNorm2d" and d2_head.conv_norm == "LN"
+            assert rcnn.assigner.pos_iou_thr == rcnn.assigner.neg_iou_thr == matcher.thresholds[0]
+            assert rcnn.assigner.match_low_quality == matcher.allow_low_quality_matches is False
+    if config_name(path).startswith("lvis"):
+        data = cfg.train_dataloader.dataset
+        assert (data.type, data.oversample_thr, data.dataset.type) == ("ClassBalancedDataset", 0.001, "LVISV1Dataset")
+        assert d2.dataloader.train.sampler.repeat_factors.repeat_thresh == data.oversample_thr
+        assert cfg.val_evaluator.type == "LVISMetric" and d2.dataloader.evaluator.max_dets_per_image == 300
+        assert cfg.model.test_cfg.rcnn.score_thr == 0.02 and cfg.model.test_cfg.rcnn.max_per_img == 300
+        predictors = d2_roi.box_predictors if "box_predictors" in d2_roi else [d2_roi.box_predictor]
+        assert {(p.test_score_thresh, p.test_topk_per_image, p.use_sigmoid_ce, p.use_fed_loss) for p in predictors} == \
+            {(0.02, 300, True, True)}
+        for head in bbox_heads(roi):
+            assert head.num_classes == d2_roi.num_classes == 1203
+            assert head.loss_cls.type == "FederatedSigmoidCELoss" and head.loss_cls.freq_weight_power == 0.5
+            assert head.loss_cls.ann_file == data.dataset.data_root + data.dataset.ann_file  # the training file
+        assert roi.mask_head.num_classes == 1203
+
+
+@pytest.mark.parametrize("name", ["cascade/cascade_mask_rcnn_srvit_s_t3_lsj.py", "lvis/cascade_mask_rcnn_srvit_s_t3_lsj.py"])
+def test_cascade_heads_hold_detectron2s_parameters(name, lvis_root):
+    """The full-size RoI heads of both frameworks (three box stages, one mask head; LVIS: 1203
+    classes) hold the same number of parameters, stage by stage, as the Mask R-CNN heads do."""
+    path = os.path.join(CONFIG_DIR, name)
+    cfg = zoo_cfg(path)
+    for head in bbox_heads(cfg.model.roi_head):
+        if head.loss_cls.type == "FederatedSigmoidCELoss":
+            head.loss_cls.ann_file = lvis_json(lvis_root, "train")
+    ours = MODELS.build(dict(cfg.model.roi_head, train_cfg=cfg.model.train_cfg.rcnn, test_cfg=cfg.model.test_cfg.rcnn))
+    theirs = instantiate(LazyConfig.load(d2_twin(path)).model.roi_heads)  # lvis_v1_train's builtin metadata
+    assert [count(h) for h in ours.bbox_head] == [count(h) + count(p) for h, p in zip(theirs.box_head,
+                                                                                      theirs.box_predictor)]
+    assert count(ours.mask_head) == count(theirs.mask_head) and count(ours) == count(theirs)
+
+
+def test_lvis_cascade_trains_and_lvis_metric_returns_ap(lvis_root, tmp_path):
+    """The LVIS Cascade Mask R-CNN through mmengine's Runner: LVISV1Dataset in ClassBalancedDataset,
+    the LSJ pipeline at 64 pixels, two iterations, then LVISMetric: box and mask AP with the rare /
+    common / frequent split (score threshold lowered for the untrained detector, top-k for time)."""
+    from mmengine.hooks import Hook
+    from mmengine.runner import Runner
+
+    cfg = shrink(zoo_cfg(LVIS_CASCADE), lvis_json(lvis_root, "train"))
+    size = (SIZE, SIZE)
+    for t in cfg.train_dataloader.dataset.dataset.pipeline:
+        t.update({k: size for k in ("scale", "crop_size", "size") if k in t})
+    for t in cfg.val_dataloader.dataset.pipeline:
+        t.update({k: size for k in ("scale",) if k in t})
+    cfg.train_dataloader.dataset.dataset.update(data_root=str(lvis_root / "coco") + os.sep,
+                                                ann_file=lvis_json(lvis_root, "train"))
+    cfg.val_dataloader.dataset.update(data_root=str(lvis_root / "coco") + os.sep, ann_file=lvis_json(lvis_root, "val"))
+    cfg.test_dataloader = cfg.val_dataloader
+    cfg.val_evaluator.ann_file = cfg.test_evaluator.ann_file = lvis_json(lvis_root, "val")
+    for loader in (cfg.train_dataloader, cfg.val_dataloader):
+        loader.update(num_workers=0, persistent_workers=False)
+    cfg.train_dataloader.batch_size = 2
+    cfg.model.test_cfg.rcnn.update(score_thr=0.0, max_per_img=20)
+    cfg.train_cfg.update(max_iters=2, val_interval=2)
+    cfg.param_scheduler = [dict(type="LinearLR", start_factor=0.001, by_epoch=False, begin=0, end=1)]
+    cfg.default_hooks.checkpoint.update(interval=1000, save_last=False)
+    cfg.work_dir = str(tmp_path)
+
+    metrics = {}
+
+    class KeepMetrics(Hook):
+        def after_val_epoch(self, runner, metrics=None):
+            metrics_out.update(metrics or {})
+
+    metrics_out = metrics
+    runner = Runner.from_cfg(cfg)
+    runner.register_hook(KeepMetrics())
+    runner.train()
+    for task in ("bbox", "segm"):
+        keys = [f"lvis/{task}_{k}" for k in ("AP", "AP50", "APr", "APc", "APf")]
+        assert set(keys) <= set(metrics), metrics
+        assert all(0 <= metrics[k] <= 1 for k in keys), metrics
+
+
+def test_an_lvis_config_on_a_coco_file_is_explained(coco_root, lvis_root, tmp_path):
+    """tools/train_det.py and test_det.py refuse an LVIS config whose annotation files are COCO's,
+    naming the file, the missing field and the fix, before anything is built."""
+    coco_json = str(coco_root / "datasets" / "coco" / "annotations" / "instances_val2017.json")
+    data = [f"train_dataloader.dataset.dataset.data_root={lvis_root / 'coco'}/",
+            f"val_dataloader.dataset.data_root={lvis_root / 'coco'}/",
+            f"test_dataloader.dataset.data_root={lvis_root / 'coco'}/",
+            f"train_dataloader.dataset.dataset.ann_file={lvis_json(lvis_root, 'train')}",
+            f"val_dataloader.dataset.ann_file={lvis_json(lvis_root, 'val')}",
+            f"test_dataloader.dataset.ann_file={lvis_json(lvis_root, 'val')}",
+            f"val_evaluator.ann_file={lvis_json(lvis_root, 'val')}", f"test_evaluator.ann_file={lvis_json(lvis_root, 'val')}",
+            "optim_wrapper.type=OptimWrapper"]
+    train_det = load_tool("train_det")
+    argv = [LVIS_CASCADE, "--work-dir", str(tmp_path), "--cfg-options", *data]
+    for wrong, where in ((f"train_dataloader.dataset.dataset.ann_file={coco_json}", "train_dataloader.dataset.dataset"),
+                         (f"val_evaluator.ann_file={coco_json}", "val_evaluator")):
+        with pytest.raises(SystemExit, match=rf"{where}.ann_file: '.*instances_val2017.json' is not LVIS-format: "
+                                             rf"80 of its 80 categories \('person', id 1\) lack the 'frequency' field "
+                                             rf".*tools/make_synthetic_lvis.py"):
+            train_det.build_runner(argv + [wrong])
+    test_det = load_tool("test_det")
+    (tmp_path / "model.pth").touch()
+    with pytest.raises(SystemExit, match=r"test_dataloader.dataset.ann_file: .* lack the 'frequency' field"):
+        test_det.main([LVIS_CASCADE, str(tmp_path / "model.pth"), "--cfg-options", *data, f"test_dataloader.dataset.ann_file={coco_json}"])
+
+
+def test_federated_loss_is_detectron2s(lvis_root):
+    """FederatedSigmoidCELoss gives detectron2's FastRCNNOutputLayers loss (use_sigmoid_ce,
+    use_fed_loss) on the same logits, labels (background included) and class draws; its scores are
+    detectron2's sigmoid ones with a background column of 0."""
+    from detectron2.layers import ShapeSpec
+    from detectron2.modeling.roi_heads import FastRCNNOutputLayers
+    from detectron2.modeling.box_regression import Box2BoxTransform
+
+    ours = MODELS.build(dict(type="FederatedSigmoidCELoss", ann_file=lvis_json(lvis_root, "train")))
+    weights = ours.fed_loss_cls_weights
+    theirs = FastRCNNOutputLayers(ShapeSpec(channels=8), box2box_transform=Box2BoxTransform((10, 10, 5, 5)),
+                                  num_classes=1203, use_sigmoid_ce=True, use_fed_loss=True,
+                                  get_fed_loss_cls_weights=lambda: weights)
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 1204, generator=g)
+    labels = torch.cat([torch.randint(0, 1203, (40,), generator=g), torch.full((24,), 1203)])
+    torch.manual_seed(1)
+    expected = theirs.sigmoid_cross_entropy_loss(logits, labels)
+    torch.manual_seed(1)
+    got = ours(logits, labels, torch.ones(64), avg_factor=64)
+    assert torch.allclose(got, expected, rtol=1e-6) and got > 0
+    torch.manual_seed(2)
+    assert not torch.allclose(ours(logits, labels), expected)  # other classes drawn: the draw counts
+    scores = ours.get_activation(logits)
+    assert torch.allclose(scores[:, :-1], logits[:, :-1].sigmoid(), rtol=0, atol=1e-6) and (scores[:, -1] == 0).all()

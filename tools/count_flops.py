@@ -9,6 +9,8 @@ shipped Mask R-CNN and UPerNet configs as whole models (its Table 4).
     python tools/count_flops.py --task detection --framework mmdet   # every shipped mmdet config
     python tools/count_flops.py --task segmentation --configs upernet_srvit_s.py upernet_deit_s.py
     python tools/count_flops.py --task detection --json > detection.json
+    python tools/count_flops.py --task detection --configs cascade/ lvis/mask_rcnn_srvit_s_t3.py  # a folder's configs
+    python tools/count_flops.py --task detection --framework mmdet --configs cascade/cascade_mask_rcnn_srvit_s_t3_lsj.py
 
 Table 2 (classification) figures are fvcore multiply-adds, attention matmuls included.
 
@@ -25,9 +27,11 @@ other conventions than the cost a user pays:
   gflops_full  fvcore multiply-adds of everything the shipped model runs, attention included
                (the convention of Table 2): what a forward pass costs.
 params_m is the paper's (segmentation: the unused block's parameters added back), params_m_run
-what the shipped model holds. A detector's box head runs on its 1000 test proposals; at random
-initialisation nothing is detected, so the per-detection mask head is not counted (nor was it in
-the paper's figures).
+what the shipped model holds. A detector's box head runs on its 1000 test proposals; the per-detection mask head
+is not counted (nor was it in the paper's figures): the count raises the box predictors' score
+threshold above 1, so that nothing is detected (at random initialisation a softmax head detects
+nothing anyway; the LVIS configs' sigmoid heads would, and their NMS over 1000 proposals x 1203
+classes takes minutes on a CPU).
 """
 import argparse
 import json
@@ -54,7 +58,8 @@ def parse_args(argv=None):
     parser.add_argument("--size", type=int, nargs="+", default=[224], help="classification: input size, S or H W")
     parser.add_argument("--num-classes", type=int, default=1000, help="classification: classifier size (0: backbone)")
     parser.add_argument("--configs", nargs="+", metavar="CONFIG",
-                        help="detection / segmentation: config names or paths (default: every shipped one)")
+                        help="detection / segmentation: config names (FOLDER/NAME.py in a subfolder; FOLDER/ for "
+                             "all of its configs) or paths (default: every shipped one of the top folder)")
     parser.add_argument("--framework", choices=sorted({f for fs in FRAMEWORKS.values() for f in fs}),
                         help="detection / segmentation: whose configs (default: detectron2 / mmseg)")
     parser.add_argument("--json", action="store_true", help="print the rows as a JSON list instead of a table")
@@ -96,6 +101,10 @@ def measure_detector(path):
     side = int(cfg.model.backbone.get("square_pad") or 1024)
     torch.manual_seed(0)
     model = instantiate(cfg.model).eval()
+    predictors = getattr(model.roi_heads, "box_predictor", None)
+    for predictor in predictors if isinstance(predictors, nn.ModuleList) else [predictors]:
+        if hasattr(predictor, "test_score_thresh"):
+            predictor.test_score_thresh = 1.01  # nothing detected: the mask head is not counted
     full, attention = attention_split(FlopCountAnalysis(model, [{"image": torch.zeros(3, side, side)}]))
     params = count_params(model)
     return table4_row(path, "detection", (side, side), params, params, full - attention, full - attention, full)
@@ -133,6 +142,7 @@ def measure_mmdet_detector(path):
     resize = next((t for t in cfg.test_dataloader.dataset.pipeline if t.type == "Resize"), None)
     side = int(max(resize.scale)) if resize is not None and resize.get("scale") else 1024
     cfg.model.backbone.pop("init_cfg", None)
+    cfg.model.test_cfg.rcnn.score_thr = 1.01  # nothing detected: the mask head is not counted
     torch.manual_seed(0)
     model = MODELS.build(cfg.model).eval()
     full, attention = attention_split(FlopCountAnalysis(_MMDetPredict(model, side), (torch.zeros(1, 3, side, side),)))
@@ -185,6 +195,9 @@ def table4_rows(args):
         sys.exit(f"--framework {framework} has no {args.task} configs; choose {' or '.join(FRAMEWORKS[args.task])}")
     names = args.configs or srvit_backbones.list_configs(framework)
     try:
+        # a shipped folder ("cascade/") stands for its configs
+        names = [n for name in names for n in (srvit_backbones.list_configs(framework, name)
+                                               if name.endswith("/") else [name])]
         paths = [srvit_backbones.resolve_config(framework, name) for name in names]
     except FileNotFoundError as e:
         sys.exit(str(e))

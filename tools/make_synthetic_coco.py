@@ -92,8 +92,9 @@ def write_split(root, split, count, size, max_shapes, seed):
     return path, len(images), len(annotations)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None, description=__doc__):
+    """The options of this tool and of make_synthetic_lvis.py."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", default="datasets", help="DETECTRON2_DATASETS folder to write into")
     parser.add_argument("--train", type=int, default=64, help="number of training images")
     parser.add_argument("--val", type=int, default=16, help="number of validation images")
@@ -103,7 +104,17 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.train < 1 or args.val < 1:
         parser.error("--train and --val must be at least 1")
-    for split, count, seed in (("train", args.train, args.seed), ("val", args.val, args.seed + 1)):
+    return args
+
+
+def splits(args):
+    """(split, number of images, seed) of the two splits."""
+    return (("train", args.train, args.seed), ("val", args.val, args.seed + 1))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    for split, count, seed in splits(args):
         path, n_img, n_ann = write_split(args.root, split, count, tuple(args.size), args.max_shapes, seed)
         print(f"wrote {path}: {n_img} images, {n_ann} instances")
     print(f"use it with: DETECTRON2_DATASETS={args.root}")

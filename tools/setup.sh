@@ -57,12 +57,13 @@ else
 fi
 
 step "python requirements"
-REQ_STAMP="$("$PY" -c 'import sys,hashlib; print(hashlib.sha1(open(sys.argv[1],"rb").read()+open(sys.argv[2],"rb").read()).hexdigest())' "$REPO/tools/requirements.txt" "$CONSTRAINTS")"
+REQ_STAMP="$("$PY" -c 'import sys,hashlib; print(hashlib.sha1(b"".join(open(f,"rb").read() for f in sys.argv[1:])).hexdigest())' "$REPO/tools/requirements.txt" "$REPO/tools/requirements-no-deps.txt" "$CONSTRAINTS")"
 STAMP_FILE="$("$PY" -c 'import sys; print(sys.prefix)')/.srvit_requirements_stamp"
 if [[ -f "$STAMP_FILE" && "$(cat "$STAMP_FILE")" == "$REQ_STAMP" ]]; then
   echo "[setup] requirements already installed"
 else
   "${PIP[@]}" install -c "$CONSTRAINTS" "${TORCH_PINS[@]}" -r "$REPO/tools/requirements.txt"
+  "${PIP[@]}" install --no-deps -r "$REPO/tools/requirements-no-deps.txt"
   echo "$REQ_STAMP" > "$STAMP_FILE"
 fi
 

@@ -6,8 +6,13 @@ users call ``add_srvit_config(cfg)`` and set ``MODEL.BACKBONE.NAME = "build_srvi
 """
 from .backbone import SRViTBackbone, find_srvit_backbone, srvit_optimizer_params
 from .checkpoint import SRViTCheckpointer, is_core_checkpoint
-from .validate import validate_config
+from .lvis import fed_loss_cls_weights
+from .validate import is_lvis_config, validate_config, validate_lvis_data
 from .yacs_config import add_srvit_config, build_srvit_sfp_backbone
+from ..lvis import patch_lvis_for_numpy2
+
+patch_lvis_for_numpy2()  # LVISEvaluator under numpy 2
 
 __all__ = ["SRViTBackbone", "SRViTCheckpointer", "srvit_optimizer_params", "find_srvit_backbone",
-           "add_srvit_config", "build_srvit_sfp_backbone", "is_core_checkpoint", "validate_config"]
+           "add_srvit_config", "build_srvit_sfp_backbone", "is_core_checkpoint", "validate_config",
+           "validate_lvis_data", "is_lvis_config", "fed_loss_cls_weights"]

@@ -39,4 +39,39 @@ def validate_config(cfg):
                          "train.amp.enabled=False to run on the CPU")
     if cfg.train.amp.enabled and not device.startswith("cuda"):
         raise ValueError("train.amp.enabled=True needs a GPU (detectron2's AMPTrainer); pass train.amp.enabled=False")
+    return validate_lvis_data(cfg)
+
+
+def is_lvis_config(cfg) -> bool:
+    """A config that evaluates with LVISEvaluator or trains a box predictor with the federated loss."""
+    evaluator = cfg.dataloader.get("evaluator")
+    target = evaluator.get("_target_") if hasattr(evaluator, "get") else None
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    roi = cfg.model.get("roi_heads", {})
+    predictors = list(roi.get("box_predictors") or []) + ([roi.box_predictor] if "box_predictor" in roi else [])
+    return name.endswith("LVISEvaluator") or any(p.get("use_fed_loss", False) for p in predictors)
+
+
+def validate_lvis_data(cfg):
+    """An LVIS config's datasets must be LVIS-format files: raise ``ValueError`` naming the field
+    and the fix otherwise (a COCO file would train on COCO's ids read as LVIS's and fail at its
+    first evaluation). Datasets not registered are left to detectron2's own error."""
+    from detectron2.data import DatasetCatalog, MetadataCatalog
+
+    from ..lvis import check_lvis_annotations
+
+    if not is_lvis_config(cfg):
+        return cfg
+    for split in ("train", "test"):
+        loader = cfg.dataloader.get(split)
+        names = loader.dataset.get("names") if loader is not None and "dataset" in loader else None
+        for name in [names] if isinstance(names, str) else list(names or []):
+            if name not in DatasetCatalog.list():
+                continue
+            json_file = MetadataCatalog.get(name).get("json_file")
+            if json_file is None:
+                raise ValueError(f"dataloader.{split}.dataset.names={name!r} has no json_file in its metadata: "
+                                 f"an LVIS config needs a dataset registered from an LVIS v1 file "
+                                 f"(detectron2.data.datasets.register_lvis_instances)")
+            check_lvis_annotations(json_file, f"dataloader.{split}.dataset.names={name!r}: its file")
     return cfg

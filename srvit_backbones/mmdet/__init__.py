@@ -9,7 +9,12 @@ from mmdet.registry import HOOKS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS
 
 from ..openmmlab import SRViTBackbone, SRViTLayerDecayOptimizerConstructor, checkpoint_loading  # noqa: F401
 from ..openmmlab.hooks import Fp16CompressionHook
+from ..lvis import patch_lvis_for_numpy2
+from .cascade import SingleMaskCascadeRoIHead  # noqa: F401  (registers it)
+from .losses import FederatedSigmoidCELoss  # noqa: F401  (registers it)
 from .neck import LayerNorm2d, SimpleFeaturePyramid
+
+patch_lvis_for_numpy2()  # LVISMetric under numpy 2
 
 
 @MODELS.register_module(name="SRViT")

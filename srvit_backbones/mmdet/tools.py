@@ -12,6 +12,31 @@ def load_config(args) -> Config:
 
 def check_data(cfg: Config, loaders) -> None:
     openmmlab_tools.check_data(cfg, loaders, _missing_data_message)
+    check_lvis_data(cfg, loaders)
+
+
+def check_lvis_data(cfg: Config, loaders) -> None:
+    """An LVIS dataset's and LVISMetric's annotation files must be LVIS-format: stop naming the
+    field and the fix otherwise (mmdet would train on COCO's ids read as LVIS's and fail at its first
+    evaluation)."""
+    from ..lvis import LVISFormatError, check_lvis_annotations
+
+    files = []
+    for loader in loaders:
+        for where, dataset in openmmlab_tools.datasets((cfg.get(loader) or {}).get("dataset"), loader + ".dataset"):
+            if str(dataset.get("type", "")).startswith("LVIS") and not dataset.get("backend_args"):
+                files += [(f"{where}.ann_file", path) for key, path, _ in openmmlab_tools.dataset_files(dataset)
+                          if key == "ann_file"]
+    for name in ("val_evaluator", "test_evaluator"):
+        evaluator = cfg.get(name) or {}
+        if evaluator.get("type") == "LVISMetric" and evaluator.get("ann_file") and name.split("_")[0] + "_dataloader" \
+                in loaders:
+            files.append((f"{name}.ann_file", evaluator["ann_file"]))
+    for where, path in files:
+        try:
+            check_lvis_annotations(path, f"{where}:")
+        except LVISFormatError as e:
+            raise SystemExit(str(e)) from None
 
 
 def _missing_data_message(cfg, where, dataset, key, path) -> str:

@@ -1,0 +1,58 @@
+"""LVIS v1 as ViTDet trains on it (detectron2's projects/ViTDet/configs/LVIS/): what the lvis/
+configs change in a COCO config.
+
+- data: ``lvis_v1_train`` with repeat-factor sampling at threshold 0.001 (rare categories'
+  images repeated), ``lvis_v1_val`` evaluated by LVISEvaluator with 300 detections per image;
+  the same LSJ augmentation at 1024 (common/coco_loader_lsj.py)
+- model: 1203 classes; every box predictor with sigmoid cross-entropy and the federated loss
+  (class weights: LVIS v1's image counts to the power 0.5), score threshold 0.02, top 300
+- schedule: as many epochs as the COCO recipe (ViTDet's ratio: 156250 LVIS iterations for
+  184375 COCO ones, LVIS v1 train holding 100k images to COCO's 118k), same warmup in iterations.
+
+``lvis_box_predictor`` updates a FastRCNNOutputLayers config (Cascade R-CNN: each of the three);
+``lvis_schedule(train, lr_multiplier)`` rescales a COCO schedule. An LVIS config pointed at a
+COCO-format file is refused by tools/train_net.py before anything is built
+(srvit_backbones.lvis.check_lvis_annotations).
+"""
+from detectron2.config import LazyCall as L
+from detectron2.data.samplers import RepeatFactorTrainingSampler
+from detectron2.evaluation.lvis_evaluation import LVISEvaluator
+
+from srvit_backbones.detectron2 import fed_loss_cls_weights
+
+from .coco_loader_lsj import dataloader
+
+num_classes = 1203
+
+dataloader.train.dataset.names = "lvis_v1_train"
+dataloader.train.sampler = L(RepeatFactorTrainingSampler)(
+    repeat_factors=L(RepeatFactorTrainingSampler.repeat_factors_from_category_frequency)(
+        dataset_dicts="${dataloader.train.dataset}", repeat_thresh=0.001
+    )
+)
+dataloader.test.dataset.names = "lvis_v1_val"
+dataloader.evaluator = L(LVISEvaluator)(
+    dataset_name="${..test.dataset.names}",
+    max_dets_per_image=300,
+)
+
+lvis_box_predictor = dict(
+    test_score_thresh=0.02,
+    test_topk_per_image=300,
+    use_sigmoid_ce=True,
+    use_fed_loss=True,
+    # ViTDet: lambda: get_fed_loss_cls_weights(dataloader.train.dataset.names, 0.5); here a
+    # LazyCall that returns that callable, so that the config saves as yaml
+    get_fed_loss_cls_weights=L(fed_loss_cls_weights)(dataset_names="${dataloader.train.dataset.names}",
+                                                     freq_weight_power=0.5),
+)
+
+COCO_TO_LVIS_ITERATIONS = 156250 / 184375  # ViTDet's 100-epoch schedules: LVIS / COCO
+
+
+def lvis_schedule(train, lr_multiplier):
+    """The COCO schedule ``train.max_iter`` over LVIS's epochs; warmup kept in iterations; the
+    eval and checkpoint periods kept."""
+    coco_iters = train.max_iter
+    train.max_iter = round(coco_iters * COCO_TO_LVIS_ITERATIONS)
+    lr_multiplier.warmup_length *= coco_iters / train.max_iter
