@@ -8,9 +8,13 @@ export OMP_NUM_THREADS ?= 2
 setup:
 	bash tools/setup.sh
 
+# pytest-xdist: TEST_WORKERS processes, a test file each at a time (its module fixtures built
+# once), one torch thread each; TEST_WORKERS=0 runs the suite in this process
+TEST_WORKERS ?= 2
+
 test:
 	@test -x $(PY) || { echo "no environment at $(PY): run 'make setup' first (or PY=python make test)"; exit 1; }
-	$(PY) -m pytest tests --durations=15
+	OMP_NUM_THREADS=$(if $(filter 0,$(TEST_WORKERS)),$(OMP_NUM_THREADS),1) $(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 collect-env:
 	$(PY) -m srvit_backbones.collect_env

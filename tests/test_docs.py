@@ -1,6 +1,7 @@
 """Every command in the README and docs/ names files that exist and flags the tool accepts:
 a renamed tool, config or option shows here before a user copies a stale command."""
 import functools
+import importlib.util
 import glob
 import json
 import os
@@ -41,50 +42,66 @@ def documented_arguments(command, tool):
     return words[words.index(tool) + 1:]
 
 
-# Runs a tool (a script's path, or "-m MODULE") until it parses its command line, keeps the
-# parser it built (the first ArgumentParser asked to parse), and parses each documented
-# argument list with it; prints, as the last line, JSON: per argument list, argparse's error
-# or null. A tool that finishes without parsing a command line accepts no arguments.
+# Runs each tool (a script's path, or "-m MODULE") until it parses its command line, keeps the
+# parser it built (the first ArgumentParser asked to parse), and parses each documented argument
+# list with it; prints, as the last line, JSON: per tool, per argument list, argparse's error or
+# null, or the tool's own error where it could not be run to its parsing. A tool that finishes
+# without parsing a command line accepts no arguments. One process for every tool: they share
+# one import of torch and the frameworks.
 PARSE_DOCUMENTED = r"""
-import argparse, contextlib, io, json, runpy, sys
+import argparse, contextlib, io, json, runpy, sys, traceback
 
-target, argvs = sys.argv[1], json.loads(sys.argv[2])
+documented = json.loads(sys.argv[1])
 
 
 class ParserBuilt(Exception):
     pass
 
 
-parsers, parse_known_args = [], argparse.ArgumentParser.parse_known_args
+parse_known_args = argparse.ArgumentParser.parse_known_args
 
 
-def keep_parser(self, args=None, namespace=None):
-    parsers.append(self)
-    raise ParserBuilt
+def parser_of(target):
+    parsers = []
 
+    def keep_parser(self, args=None, namespace=None):
+        parsers.append(self)
+        raise ParserBuilt
 
-argparse.ArgumentParser.parse_known_args = keep_parser
-sys.argv = [target]
-try:
-    if target.startswith("-m "):
-        runpy.run_module(target[3:], run_name="__main__", alter_sys=True)
-    else:
-        runpy.run_path(target, run_name="__main__")
-except ParserBuilt:
-    pass
-argparse.ArgumentParser.parse_known_args = parse_known_args
-errors = []
-for argv in argvs:
-    stderr = io.StringIO()
+    argparse.ArgumentParser.parse_known_args = keep_parser
+    sys.argv = [target]
     try:
-        if not parsers:
-            raise SystemExit(print("it parses no command line: arguments " + repr(argv), file=stderr))
-        with contextlib.redirect_stderr(stderr):
-            parsers[0].parse_args(argv)
-        errors.append(None)
-    except SystemExit:
-        errors.append(stderr.getvalue().strip().splitlines()[-1])
-print(json.dumps(errors))
+        if target.startswith("-m "):
+            runpy.run_module(target[3:], run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except ParserBuilt:
+        pass
+    finally:
+        argparse.ArgumentParser.parse_known_args = parse_known_args
+    return parsers[0] if parsers else None
+
+
+def errors_of(target, argvs):
+    try:
+        parser = parser_of(target)
+    except BaseException:
+        return "could not be run to its argument parsing: " + traceback.format_exc()[-2000:]
+    errors = []
+    for argv in argvs:
+        stderr = io.StringIO()
+        try:
+            if parser is None:
+                raise SystemExit(print("it parses no command line: arguments " + repr(argv), file=stderr))
+            with contextlib.redirect_stderr(stderr):
+                parser.parse_args(argv)
+            errors.append(None)
+        except SystemExit:
+            errors.append(stderr.getvalue().strip().splitlines()[-1])
+    return errors
+
+
+print(json.dumps({target: errors_of(target, argvs) for target, argvs in documented.items()}))
 """
 
 
@@ -96,16 +113,33 @@ def tool_of(command):
     return next((w for w in words if w.startswith("tools/") and w.endswith(".py")), None)
 
 
+def target_of(tool):
+    return tool if tool.startswith("-m ") else os.path.join(ROOT, tool)
+
+
 @functools.lru_cache(maxsize=None)
+def every_parse_error():
+    """{tool: {documented arguments: argparse's error or None}} for every documented command that
+    passes a tool arguments, parsed by the parser the tool builds (all tools in one process)."""
+    argvs = {}
+    for _, command in ALL:
+        tool = tool_of(command)
+        if tool is not None:
+            argvs.setdefault(tool, set()).add(tuple(documented_arguments(command, tool.split()[-1])))
+    argvs = {tool: sorted(a - {()}) for tool, a in argvs.items() if a - {()}}
+    proc = subprocess.run([sys.executable, "-c", PARSE_DOCUMENTED, json.dumps({target_of(t): a for t, a in argvs.items()})],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.splitlines()[-1])
+    return {tool: results[target_of(tool)] for tool in argvs}
+
+
 def parse_errors(tool):
-    """{documented arguments: argparse's error or None} for every documented command that passes
-    ``tool`` arguments, parsed by the parser the tool builds (one process per tool)."""
+    """{documented arguments: argparse's error or None} for the tool's documented commands."""
+    errors = every_parse_error()[tool]
+    assert not isinstance(errors, str), f"{tool} {errors}"
     argvs = sorted({tuple(documented_arguments(c, tool.split()[-1])) for _, c in ALL if tool_of(c) == tool} - {()})
-    target = tool if tool.startswith("-m ") else os.path.join(ROOT, tool)
-    proc = subprocess.run([sys.executable, "-c", PARSE_DOCUMENTED, target, json.dumps(argvs)], capture_output=True,
-                          text=True, cwd=ROOT, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, f"{tool} could not be run to its argument parsing:\n{proc.stderr[-2000:]}"
-    return dict(zip(argvs, json.loads(proc.stdout.splitlines()[-1]), strict=True))
+    return dict(zip(argvs, errors, strict=True))
 
 
 def assert_tool_accepts(page, command, tool):
@@ -146,8 +180,8 @@ def test_command_names_existing_files_and_flags(page, command):
             assert shipped_config(word), f"{page}: no shipped config named {word}"
     if words[:2] == ["python", "-m"]:
         module = words[2]
-        assert subprocess.run([sys.executable, "-c", f"import importlib.util as u; "
-                               f"assert u.find_spec({module!r})"], cwd=ROOT).returncode == 0, module
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin.startswith(ROOT), f"{page}: no module {module} in the checkout"
         assert_tool_accepts(page, command, tool_of(command))
         return
     if words[0] == "mim":
