@@ -1,10 +1,12 @@
 """Helpers shared by the test files (importable because pytest puts tests/ on sys.path)."""
+import contextlib
 import importlib.util
 import os
 import subprocess
 import sys
 
 import torch
+from filelock import FileLock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 D2_QUICKSTART = os.path.join(ROOT, "detectron2_configs", "quickstart", "mask_rcnn_srvit_tiny_cpu.py")
@@ -31,34 +33,47 @@ def run(cwd, *cmd, **env):
     return proc, proc.stdout + proc.stderr
 
 
+@contextlib.contextmanager
+def session_folder(tmp_path_factory, name):
+    """A folder kept for the whole test session, locked while the caller fills it: under
+    pytest-xdist every worker has its own base temp folder, so the folder is made beside them
+    (in the session's temp folder) and the first worker to ask builds what the others reuse."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    with FileLock(str(base / f"{name}.lock")):
+        yield base / name
+
+
 def trained_detectron2(tmp_path_factory):
     """tools/train_net.py on 8 synthetic COCO images for 8 iterations: the run's folder (out/:
     model_final.pth, config.yaml, metrics.json; data/coco/val2017: 3 images). Kept for the
-    session in the base temp folder, so that every test file reuses it."""
-    root = tmp_path_factory.getbasetemp() / "quickstart_detectron2"
-    out = root / "out"
-    if not (out / "model_final.pth").exists():
-        root.mkdir(exist_ok=True)
-        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_synthetic_coco.py"), "--root",
-                        str(root / "data"), "--train", "8", "--val", "3", "--size", "128", "160"], check=True)
-        proc, log = run(root, os.path.join(ROOT, "tools", "train_net.py"), "--config", D2_QUICKSTART,
-                        f"train.output_dir={out}", *D2_TRAIN, DETECTRON2_DATASETS=str(root / "data"))
-        assert proc.returncode == 0, log[-3000:]
+    session, so that every test file (and every xdist worker) reuses it."""
+    with session_folder(tmp_path_factory, "quickstart_detectron2") as root:
+        out = root / "out"
+        if not (out / "model_final.pth").exists():
+            root.mkdir(exist_ok=True)
+            subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_synthetic_coco.py"), "--root",
+                            str(root / "data"), "--train", "8", "--val", "3", "--size", "128", "160"], check=True)
+            proc, log = run(root, os.path.join(ROOT, "tools", "train_net.py"), "--config", D2_QUICKSTART,
+                            f"train.output_dir={out}", *D2_TRAIN, DETECTRON2_DATASETS=str(root / "data"))
+            assert proc.returncode == 0, log[-3000:]
     return root
 
 
 def trained_mmseg(tmp_path_factory):
     """tools/train_seg.py on 4 synthetic ADE20K images for 4 iterations: the run's folder
-    (work/: iter_4.pth, the run's config, TIMESTAMP/vis_data/scalars.json; 2 validation images)."""
-    root = tmp_path_factory.getbasetemp() / "quickstart_mmseg"
-    work = root / "work"
-    if not (work / "iter_4.pth").exists():
-        root.mkdir(exist_ok=True)
-        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_synthetic_ade20k.py"), "--root",
-                        str(root / "datasets"), "--train", "4", "--val", "2", "--size", "96", "128"], check=True)
-        proc, log = run(root, os.path.join(ROOT, "tools", "train_seg.py"), SEG_QUICKSTART, "--work-dir", str(work),
-                        "--cfg-options", *SEG_TRAIN)
-        assert proc.returncode == 0, log[-3000:]
+    (work/: iter_4.pth, the run's config, TIMESTAMP/vis_data/scalars.json; 2 validation images),
+    shared as trained_detectron2's."""
+    with session_folder(tmp_path_factory, "quickstart_mmseg") as root:
+        work = root / "work"
+        if not (work / "iter_4.pth").exists():
+            root.mkdir(exist_ok=True)
+            subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_synthetic_ade20k.py"), "--root",
+                            str(root / "datasets"), "--train", "4", "--val", "2", "--size", "96", "128"], check=True)
+            proc, log = run(root, os.path.join(ROOT, "tools", "train_seg.py"), SEG_QUICKSTART, "--work-dir", str(work),
+                            "--cfg-options", *SEG_TRAIN)
+            assert proc.returncode == 0, log[-3000:]
     return root
 
 
