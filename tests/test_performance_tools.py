@@ -4,7 +4,6 @@ import importlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 import pytest
@@ -109,29 +108,36 @@ def test_benchmark_tool_refuses_bad_arguments():
         assert message in str(e.value)
 
 
-ALLOCATE_AND_FREE = """
-import sys, torch
-from srvit_backbones.benchmark import timing
-if sys.argv[1] == "keep":
-    assert timing.keep_freed_memory() is not None
-def step():  # like a forward pass: many large buffers, all freed at the end
-    buffers = [torch.ones(2 ** 21) for _ in range(24)]  # 24 x 8 MiB
-    del buffers
-step()
-before = timing.minor_page_faults()
-for _ in range(5):
+def in_a_fresh_process(function, *args):
+    """``function(*args)`` in a process forked from the benchmark's memory server, which imported
+    the runner (and torch) alone and ran nothing: a new interpreter's state without its imports."""
+    from srvit_backbones.benchmark.runner import memory_processes
+
+    with memory_processes().Pool(1) as pool:
+        return pool.apply(function, args)
+
+
+def page_faults_of_five_steps(keep_freed):
+    """Minor page faults of five steps that allocate and free 24 buffers of 8 MiB (after one step
+    untimed), with ``keep_freed_memory`` or with the C library's defaults."""
+    from srvit_backbones.benchmark import timing
+
+    if keep_freed:
+        assert timing.keep_freed_memory() is not None
+
+    def step():  # like a forward pass: many large buffers, all freed at the end
+        buffers = [torch.ones(2 ** 21) for _ in range(24)]  # 24 x 8 MiB
+        del buffers
     step()
-print(timing.minor_page_faults() - before)
-"""
+    before = timing.minor_page_faults()
+    for _ in range(5):
+        step()
+    return timing.minor_page_faults() - before
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings")
 def test_benchmark_keeps_freed_memory_instead_of_faulting_it_in_every_step():
-    def faults(setting):
-        out = subprocess.run([sys.executable, "-c", ALLOCATE_AND_FREE, setting],
-                             capture_output=True, text=True, check=True)
-        return int(out.stdout.split()[-1])
-    default, kept = faults("default"), faults("keep")
+    default, kept = (in_a_fresh_process(page_faults_of_five_steps, keep) for keep in (False, True))
     pages = 5 * 24 * 2 ** 23 // os.sysconf("SC_PAGE_SIZE")  # what the five timed steps touch
     # the default trims the freed buffers back to the kernel in some or all of the steps
     # (seen: one step's worth or all five), the setting at most once
@@ -362,13 +368,9 @@ def test_no_tool_loads_another_and_the_harness_imports_no_framework():
         if name.endswith(".py"):
             with open(os.path.join(ROOT, "tools", name)) as f:
                 assert "spec_from_file_location" not in f.read(), name
-    from srvit_backbones.benchmark.runner import memory_processes
-
     harness = ["srvit_backbones.benchmark", "srvit_backbones.benchmark.runner", "srvit_backbones.benchmark.devices",
                "srvit_backbones.benchmark.data", "srvit_backbones.benchmark.attention"]
-    # in a process forked from the benchmark's memory server, which imported the runner (and torch) alone
-    with memory_processes().Pool(1) as pool:
-        assert pool.apply(frameworks_loaded_after_importing, (harness,)) == []
+    assert in_a_fresh_process(frameworks_loaded_after_importing, harness) == []
 
 
 def frameworks_loaded_after_importing(modules):
