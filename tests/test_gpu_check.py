@@ -12,33 +12,49 @@ from srvit_backbones.models import rel_pos
 from helpers import load_tool
 
 
-@pytest.fixture(scope="module")
-def every_check(tmp_path_factory):
-    """``--device cpu --size 64 --checks a b c d e f g`` once (a T-T2 backbone for (f) and (g),
-    (g) through aot_eager, bf16 where the checks autocast; the benchmark's peak-memory processes,
-    tested in test_performance_tools.py, left out): (the tool, its JSON)."""
+def run_checks(tmp_path_factory, checks):
+    """``--device cpu --size 64 --checks CHECKS`` (a T-T2 backbone for (f) and (g), (g) through
+    aot_eager, the throughput runs (d) and (g) at 32 px, bf16 where the checks autocast; the
+    benchmark's peak-memory processes, tested in test_performance_tools.py, left out): (the tool,
+    its JSON)."""
     from srvit_backbones import amp
 
     tool = load_tool("gpu_check")
     output = tmp_path_factory.mktemp("gpu_check") / "check.json"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(amp, "cpu_has_native_bf16", lambda: True)  # the bf16 branches on any CPU
-        code = tool.main(["--device", "cpu", "--size", "64", "--steps", "1", "--warmup", "0", "--throughput-batch", "1",
-                          "--backbone", "srvit_t_t2", "--compile-backend", "aot_eager", "--no-peak-memory",
-                          "--checks", "a", "b", "c", "d", "e", "f", "g", "--output", str(output)])
+        code = tool.main(["--device", "cpu", "--size", "64", "--steps", "1", "--warmup", "0", "--throughput-size", "32",
+                          "--throughput-batch", "1", "--backbone", "srvit_t_t2", "--compile-backend", "aot_eager",
+                          "--no-peak-memory", "--checks", *checks, "--output", str(output)])
     result = json.loads(output.read_text())
     assert code == 0, {name: check.get("error") for name, check in result["checks"].items()}
     return tool, result
 
 
-def test_every_check_runs_on_the_cpu_and_records_the_machine(every_check):
-    _, result = every_check
-    assert list(result["checks"]) == list("abcdefg") and result["ok"]
+@pytest.fixture(scope="module")
+def every_check(tmp_path_factory):
+    """(a)-(f) in one run."""
+    return run_checks(tmp_path_factory, list("abcdef"))
+
+
+@pytest.fixture(scope="module")
+def compile_check(tmp_path_factory):
+    """(g), the compiled runs, in a run of its own."""
+    return run_checks(tmp_path_factory, ["g"])
+
+
+def assert_checks_ran_on_the_cpu(result, checks):
+    """The run's checks all ran and passed, and its JSON records the machine and the command."""
+    assert list(result["checks"]) == list(checks) and result["ok"]
     assert all(check["ok"] and check["wall_s"] >= 0 for check in result["checks"].values())
     machine = result["machine"]
     assert machine["device"] == "cpu" and machine["gpu"] is None and machine["torch"] == torch.__version__
     assert {"processor", "cpus", "torch_threads", "cuda", "srvit_backbones"} <= set(machine)
     assert result["command"].startswith("tools/gpu_check.py --device cpu --size 64")
+
+
+def test_every_check_runs_on_the_cpu_and_records_the_machine(every_check):
+    assert_checks_ran_on_the_cpu(every_check[1], "abcdef")  # (g): in the compile check's test
 
 
 def test_the_detectors_run_through_detectron2s_trainer_beside_vitdet_b(every_check):
@@ -80,14 +96,23 @@ def test_the_segmentor_and_pretraining_steps(every_check):
 
 
 def test_the_throughput_rows_pair_srvit_with_deit_and_its_same_depth_vit_with_mfu(every_check):
-    """(d): the benchmark's rows at 224, paired, each with count_flops' multiply-adds and MFU
-    ('unknown' peak without a GPU), next to the paper's figures."""
+    """(d): the benchmark's rows at --throughput-size, paired, each with count_flops' multiply-adds
+    at that size and MFU ('unknown' peak without a GPU), next to the paper's figures."""
+    from srvit_backbones import create_srvit
+    from srvit_backbones.flops import count_flops
+
     throughput = every_check[1]["checks"]["d"]
-    assert throughput["command"].startswith("python tools/benchmark.py --model srvit_s_t3 --size 224")
+    assert throughput["command"].startswith("python tools/benchmark.py --model srvit_s_t3 --size 32")
     assert [row["model"] for row in throughput["rows"]] == ["srvit_s_t3", "deit_small_patch16_224", "timm ViT depth=32"]
     assert all(row["img_per_s"] > 0 and row["peak_tflops"] == "unknown" and row["mfu"] is None
                and row["amp_dtype"] == "bfloat16" for row in throughput["rows"])
-    assert [round(row["gmacs"], 2) for row in throughput["rows"]] == [12.42, 4.61, 12.19]  # count_flops at 224
+    # at 32 px, N = 5 tokens of D = 384: a block is 12 N D^2 (qkv, projection, MLP) + 2 N^2 D (attention)
+    # + two layer norms (fvcore: 5 per element), beside the patch embedding and the final norm (no head)
+    N, D = 5, 384
+    block = 12 * N * D * D + 2 * N * N * D + 2 * 5 * N * D
+    srvit = count_flops(create_srvit("srvit_s_t3", img_size=32, num_classes=0), (torch.randn(1, 3, 32, 32),))
+    expected = [srvit] + [depth * block + 4 * 3 * 16 * 16 * D + 5 * N * D for depth in (12, 32)]
+    assert [round(row["gmacs"] * 1e9) for row in throughput["rows"]] == expected
     assert {(c["a"], c["b"]) for c in throughput["paired"]} == {
         ("srvit_s_t3 infer bf16", "deit_small_patch16_224 infer bf16"),
         ("srvit_s_t3 infer bf16", "timm ViT depth=32 infer bf16")}
@@ -113,22 +138,23 @@ def test_the_backbone_check_pairs_each_variant_with_both_anchors(every_check):
     assert backbone["command"].endswith("--peak-memory off")
 
 
-def test_the_compile_check_pairs_compiled_with_eager_and_counts_graph_breaks(every_check):
-    """(g): the benchmark's --compile both at 224 and windowed at --size, inference and training
-    step: compiled / eager paired, the compiling step and compile time apart, no graph break;
-    the 1.2x target is read on a GPU only."""
-    compile_check = every_check[1]["checks"]["g"]
-    rows = compile_check["rows"]
+def test_the_compile_check_pairs_compiled_with_eager_and_counts_graph_breaks(compile_check):
+    """(g): the benchmark's --compile both at --throughput-size and windowed at --size, inference
+    and training step: compiled / eager paired, the compiling step and compile time apart, no
+    graph break; the 1.2x target is read on a GPU only."""
+    assert_checks_ran_on_the_cpu(compile_check[1], "g")
+    check = compile_check[1]["checks"]["g"]
+    rows = check["rows"]
     assert [(r["model"], r["size"], r["batch_size"]) for r in rows] == [
-        ("srvit_t_t2 infer bf16", 224, 1), ("srvit_t_t2 train bf16", 224, 1),
+        ("srvit_t_t2 infer bf16", 32, 1), ("srvit_t_t2 train bf16", 32, 1),
         ("srvit_t_t2[win] infer bf16", 64, 2), ("srvit_t_t2[win] train bf16", 64, 2)]
     for r in rows:
         assert r["compiled_model"] == r["model"] + " compiled"  # each compiled run beside its own eager run
         assert r["backend"] == "aot_eager" and r["graph_breaks"] == 0 and r["graph_break_reasons"] == []
         assert r["graphs"] >= 1 and r["first_step_s"] > r["compiled_s"] > 0 and r["eager_s"] > 0
-    assert compile_check["target"]["met"] is None and compile_check["target"]["speedup"] == rows[1]["speedup"]
-    assert all("--compile both --compile-backend aot_eager" in c for c in compile_check["commands"])
-    assert "--variant win:window_size=14,use_rel_pos=True" in compile_check["commands"][1]
+    assert check["target"]["met"] is None and check["target"]["speedup"] == rows[1]["speedup"]
+    assert all("--compile both --compile-backend aot_eager" in c for c in check["commands"])
+    assert "--variant win:window_size=14,use_rel_pos=True" in check["commands"][1]
 
 
 def test_without_cuda_it_runs_the_branch_check_and_exits_0(tmp_path, capsys):

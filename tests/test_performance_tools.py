@@ -1,9 +1,9 @@
 """torch.compile of the core model, the measuring harness (``srvit_backbones.benchmark`` and the
 adapters' parts) and the benchmark tool, its entry point (exercised, never timed, here)."""
+import importlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 import pytest
@@ -78,6 +78,23 @@ def test_benchmark_tool_interleaves_models_and_pairs_their_rounds(tmp_path):
     assert c["best_ratio"] == saved["rows"][0]["min_s"] / vit["min_s"]
 
 
+
+def test_each_jobs_peak_memory_is_its_own_growth():
+    """The peak-memory processes (forked from a server that imported torch once) each report their
+    own job's growth of the resident set: a large training job at least its parameters, gradients
+    and AdamW's two moments; a tiny model measured after it far less, as measured before it."""
+    from srvit_backbones.benchmark import runner
+
+    args = runner.parse_args(["--model", "srvit_t_t2", "--size", "32", "--batch-size", "1", "--device", "cpu"])
+    large = dict(kind="srvit", name="srvit_t_t2", mode="train", grad_checkpointing=False, amp=False, amp_dtype=None)
+    tiny = dict(large, mode="infer", variant="tiny", model_args=dict(embed_dim=64, num_heads=2))
+    tiny_first, large_peak, tiny_after = (runner.measure_peak_memory(job, args) for job in (tiny, large, tiny))
+    assert large_peak["peak_kind"] == "cpu_peak_rss_growth_mib"
+    params_mib = sum(p.numel() for p in create_srvit("srvit_t_t2", img_size=32, num_classes=0).parameters()) * 4 / 2 ** 20
+    assert large_peak["peak_mib"] > 4 * params_mib
+    assert tiny_after["peak_mib"] < large_peak["peak_mib"] / 4 and \
+        abs(tiny_after["peak_mib"] - tiny_first["peak_mib"]) < params_mib / 4, (tiny_first, large_peak, tiny_after)
+
 def test_benchmark_tool_refuses_bad_arguments():
     bench = load_tool("benchmark")
     for argv, message in ((["--model", "srvit_x"], "unknown --model 'srvit_x'"),
@@ -91,29 +108,36 @@ def test_benchmark_tool_refuses_bad_arguments():
         assert message in str(e.value)
 
 
-ALLOCATE_AND_FREE = """
-import sys, torch
-from srvit_backbones.benchmark import timing
-if sys.argv[1] == "keep":
-    assert timing.keep_freed_memory() is not None
-def step():  # like a forward pass: many large buffers, all freed at the end
-    buffers = [torch.ones(2 ** 21) for _ in range(24)]  # 24 x 8 MiB
-    del buffers
-step()
-before = timing.minor_page_faults()
-for _ in range(5):
+def in_a_fresh_process(function, *args):
+    """``function(*args)`` in a process forked from the benchmark's memory server, which imported
+    the runner (and torch) alone and ran nothing: a new interpreter's state without its imports."""
+    from srvit_backbones.benchmark.runner import memory_processes
+
+    with memory_processes().Pool(1) as pool:
+        return pool.apply(function, args)
+
+
+def page_faults_of_five_steps(keep_freed):
+    """Minor page faults of five steps that allocate and free 24 buffers of 8 MiB (after one step
+    untimed), with ``keep_freed_memory`` or with the C library's defaults."""
+    from srvit_backbones.benchmark import timing
+
+    if keep_freed:
+        assert timing.keep_freed_memory() is not None
+
+    def step():  # like a forward pass: many large buffers, all freed at the end
+        buffers = [torch.ones(2 ** 21) for _ in range(24)]  # 24 x 8 MiB
+        del buffers
     step()
-print(timing.minor_page_faults() - before)
-"""
+    before = timing.minor_page_faults()
+    for _ in range(5):
+        step()
+    return timing.minor_page_faults() - before
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings")
 def test_benchmark_keeps_freed_memory_instead_of_faulting_it_in_every_step():
-    def faults(setting):
-        out = subprocess.run([sys.executable, "-c", ALLOCATE_AND_FREE, setting],
-                             capture_output=True, text=True, check=True)
-        return int(out.stdout.split()[-1])
-    default, kept = faults("default"), faults("keep")
+    default, kept = (in_a_fresh_process(page_faults_of_five_steps, keep) for keep in (False, True))
     pages = 5 * 24 * 2 ** 23 // os.sysconf("SC_PAGE_SIZE")  # what the five timed steps touch
     # the default trims the freed buffers back to the kernel in some or all of the steps
     # (seen: one step's worth or all five), the setting at most once
@@ -344,12 +368,17 @@ def test_no_tool_loads_another_and_the_harness_imports_no_framework():
         if name.endswith(".py"):
             with open(os.path.join(ROOT, "tools", name)) as f:
                 assert "spec_from_file_location" not in f.read(), name
-    code = ("import sys, srvit_backbones.benchmark, srvit_backbones.benchmark.runner, srvit_backbones.benchmark.devices, "
-            "srvit_backbones.benchmark.data, srvit_backbones.benchmark.attention; "
-            "print(sorted(n for n in sys.modules if n.split('.')[0] in "
-            "('detectron2', 'mmseg', 'mmdet', 'mmengine', 'mmcv') or n.startswith('srvit_backbones.detectron2')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    harness = ["srvit_backbones.benchmark", "srvit_backbones.benchmark.runner", "srvit_backbones.benchmark.devices",
+               "srvit_backbones.benchmark.data", "srvit_backbones.benchmark.attention"]
+    assert in_a_fresh_process(frameworks_loaded_after_importing, harness) == []
+
+
+def frameworks_loaded_after_importing(modules):
+    """The frameworks' modules (and the detectron2 adapter's) loaded once ``modules`` are imported."""
+    for name in modules:
+        importlib.import_module(name)
+    return sorted(n for n in sys.modules if n.split(".")[0] in ("detectron2", "mmseg", "mmdet", "mmengine", "mmcv")
+                  or n.startswith("srvit_backbones.detectron2"))
 
 
 def test_vitdet_same_depth_is_detectron2s_vit_with_the_windowed_variants_applications():

@@ -16,9 +16,10 @@ the checks of the training paths:
     with the reason, where mmseg or mmcv does not import: the check still passes);
 (c) a pretraining step of tools/pretrain.py with ``--amp`` (fp16 + GradScaler on CUDA);
 (d) the benchmark's inference img/s of SR-ViT-S T=3, DeiT-S and timm's ViT of depth D_eff
-    at 224 (paired ratios), next to the paper's 943 and 2614 img/s (its GPU), with each model's
-    MFU: achieved FLOP/s (2 x count_flops' multiply-adds x img/s) over the GPU's dense fp16 /
-    bf16 peak (PEAK_TFLOPS; "unknown" for a GPU not in it);
+    at --throughput-size (224: the paper's) (paired ratios), next to the paper's 943 and 2614
+    img/s (its GPU), with each model's MFU: achieved FLOP/s (2 x count_flops' multiply-adds at
+    that size x img/s) over the GPU's dense fp16 / bf16 peak (PEAK_TFLOPS; "unknown" for a GPU
+    not in it);
 (e) the device branches against the CPU: the relative-position attention's kernel and block
     choices of the GPU against the CPU's (fp32, 1e-5), and on a GPU each kernel (``blocked``,
     ``bias``, also in calls of one map, ``flex``) forced there in fp16 and bf16, and a tiny
@@ -27,11 +28,11 @@ the checks of the training paths:
 (f) the benchmark's --backbone (S-T3) at --size, global and windowed, inference and training
     step, paired with timm's ViT of depth D_eff (vit_same_depth) and detectron2's ViTDet of the
     same applications (vitdet_same_depth);
-(g) the benchmark's ``--compile both``: --backbone compiled against eager at 224 (batch
-    --throughput-batch) and windowed at --size, inference and training step: the paired
+(g) the benchmark's ``--compile both``: --backbone compiled against eager at --throughput-size
+    (batch --throughput-batch) and windowed at --size, inference and training step: the paired
     compiled / eager time, the first (compiling) step and the compile time apart from the step
-    time, and the graph breaks (0 expected: the check fails otherwise); the training step at 224
-    is read against the target of >= 1.2x eager on a GPU.
+    time, and the graph breaks (0 expected: the check fails otherwise); the training step at
+    --throughput-size (224) is read against the target of >= 1.2x eager on a GPU.
 
 Data are synthetic (images with boxes and masks, label maps, an ImageFolder of noise): the
 check measures the code paths, speed and memory, not accuracy. On the CPU the frameworks'
@@ -165,15 +166,16 @@ def check_pretrain(args, device):
 def check_throughput(args, device):
     from srvit_backbones.flops import count_flops
 
-    argv = ["--model", "srvit_s_t3", "--size", "224", "--batch-size", str(args.throughput_batch), "--modes", "infer",
+    size = args.throughput_size
+    argv = ["--model", "srvit_s_t3", "--size", str(size), "--batch-size", str(args.throughput_batch), "--modes", "infer",
             "--references", "deit_small_patch16_224", "vit_same_depth", "--warmup", str(args.warmup),
             "--repeats", str(args.steps), "--device", str(device), "--amp", "on" if args.pretrain_amp else "off"]
     result = benchmark(argv, args)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     rows = []
     for row in result["rows"]:
-        model = build(row["kind"], row["name"], 224, False).eval()
-        gmacs = count_flops(model, (torch.randn(1, 3, 224, 224),)) / 1e9
+        model = build(row["kind"], row["name"], size, False).eval()
+        gmacs = count_flops(model, (torch.randn(1, 3, size, size),)) / 1e9
         rows.append(dict(model=label(row).split(" infer")[0], img_per_s=row["img_per_s"],
                          median_s=row["median_s"], amp_dtype=row["amp_dtype"], batch_size=row["batch_size"],
                          **model_flops_utilisation(row["img_per_s"], gmacs, gpu)))
@@ -207,12 +209,12 @@ def check_backbone(args, device):
 
 # ---------------------------------------------------------------- (g) torch.compile against eager
 def check_compile(args, device):
-    """--backbone compiled against eager (``--compile both``): at 224 and windowed at --size,
-    inference and training step; ok when no compiled model had a graph break."""
+    """--backbone compiled against eager (``--compile both``): at --throughput-size and windowed at
+    --size, inference and training step; ok when no compiled model had a graph break."""
     common = ["--model", args.backbone, "--modes", "infer", "train", "--references", "--compile", "both",
               "--compile-backend", args.compile_backend, "--warmup", str(args.warmup), "--repeats", str(args.steps),
               "--device", str(device), "--amp", "on" if args.pretrain_amp else "off"]
-    runs = [[*common, "--size", "224", "--batch-size", str(args.throughput_batch)],
+    runs = [[*common, "--size", str(args.throughput_size), "--batch-size", str(args.throughput_batch)],
             [*common, "--size", str(args.size), "--batch-size", str(args.images_per_gpu * 2), "--variant", WINDOWED]]
     commands, rows = [], []
     for argv in runs:
@@ -227,8 +229,8 @@ def check_compile(args, device):
                              speedup=1 / c["median"], peak_ratio=c["peak_ratio"],
                              **{k: compiled[k] for k in ("first_step_s", "compile_s", "graph_breaks",
                                                          "graph_break_reasons", "graphs", "fx_graph_cache")}))
-    train = next(r for r in rows if r["size"] == 224 and " train" in r["model"])
-    target = dict(claim=f"compiled >= {COMPILE_TARGET}x eager, training step at 224, on a GPU",
+    train = next(r for r in rows if " train" in r["model"])  # the first run's: at --throughput-size
+    target = dict(claim=f"compiled >= {COMPILE_TARGET}x eager, training step at {args.throughput_size}, on a GPU",
                   speedup=train["speedup"], met=train["speedup"] >= COMPILE_TARGET if device.type == "cuda" else None)
     return dict(commands=commands, rows=rows, target=target, ok=all(r["graph_breaks"] == 0 for r in rows))
 
@@ -246,7 +248,8 @@ def parse_args(argv=None):
                    help="detector and windowed backbone input (mmseg: min(size, 512), pretraining 224)")
     p.add_argument("--images-per-gpu", type=int, default=1,
                    help="detector images per step (ViTDet: 1 per GPU); twice that for mmseg and the backbones")
-    p.add_argument("--throughput-batch", type=int, default=64, help="(d), (g) at 224: images per batch")
+    p.add_argument("--throughput-size", type=int, default=224, help="(d), (g): input size of the throughput runs")
+    p.add_argument("--throughput-batch", type=int, default=64, help="(d), (g) at --throughput-size: images per batch")
     p.add_argument("--backbone", default="srvit_s_t3", help="(f), (g): the SR-ViT variant timed")
     p.add_argument("--compile-backend", default="inductor", choices=COMPILE_BACKENDS,
                    help="(g): torch.compile's backend (aot_eager: dynamo and autograd's graphs without inductor, "

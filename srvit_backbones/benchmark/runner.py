@@ -56,22 +56,23 @@ more than 5%, more than the differences being measured.)
 On Linux/glibc the timing process keeps freed memory (see ``keep_freed_memory``): otherwise
 a step's activations can be handed back to the kernel and faulted in again, which costs time
 and scatters it.
-Peak memory: after the timing, each model in a process of its own (``python -m
-srvit_backbones.benchmark --memory-worker``; CPU: growth of the peak resident set, parameters
-and optimizer state included; GPU: max allocated), so the figure is that model's alone.
+Peak memory: after the timing, each model in a process of its own, forked from a server that
+imported torch once (``memory_processes``; CPU: growth of the peak resident set from the job's
+start, parameters and optimizer state included; GPU: max allocated), so the figure is that
+model's alone.
 The table shows medians and spreads (min-max); --json writes every repeat and the command.
 """
 import argparse
-import ast
 import collections
 import contextlib
 import functools
 import gc
 import json
+import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
+import traceback
 
 import timm
 import torch
@@ -130,6 +131,8 @@ def time_interleaved(jobs, args, device):
     """Build every job's model in this process and warm each up (a compiled model's first,
     compiling step timed on its own before); then run ``args.repeats`` rounds of one step per
     model, alternating the order every round (A B C, C B A, ...)."""
+    if any(job.get("compiled") for job in jobs):
+        torch._dynamo.reset()  # compile afresh: no graphs, guards or recompilations of an earlier run
     steps, extras, timers = [], [], []
     for job in jobs:
         step, params_m, size = build_job(job, args, device)
@@ -169,32 +172,53 @@ def time_interleaved(jobs, args, device):
 
 
 # ---------------------------------------------------------------- peak memory, one process per job
-def peak_memory_worker(args):
+def peak_memory_process(job, args, results):
     """In a process of its own: build, run two steps (the second one with the optimizer state
-    that the first created), print the peak memory."""
-    device = torch.device(args.device)
-    job = ast.literal_eval(args.job)
-    rss_before = peak_rss_mib()
-    step = build_job(job, args, device)[0]
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    for _ in range(2):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        print(json.dumps(dict(peak_mib=torch.cuda.max_memory_allocated() / 2 ** 20, peak_kind="cuda_max_allocated_mib")))
-    else:
-        growth = peak_rss_mib() - rss_before
-        print(json.dumps(dict(peak_mib=growth, peak_kind="cpu_peak_rss_growth_mib")))
+    that the first created), send the growth of the peak memory (or the error) to ``results``."""
+    try:
+        device = torch.device(args.device)
+        rss_before = peak_rss_mib()
+        step = build_job(job, args, device)[0]
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        for _ in range(2):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            results.send(dict(peak_mib=torch.cuda.max_memory_allocated() / 2 ** 20, peak_kind="cuda_max_allocated_mib"))
+        else:
+            results.send(dict(peak_mib=peak_rss_mib() - rss_before, peak_kind="cpu_peak_rss_growth_mib"))
+    except BaseException:
+        results.send(dict(error=traceback.format_exc()))
+
+
+def memory_processes():
+    """Where the peak-memory processes come from: forked from a server process that imported this
+    module (torch) once and ran nothing else (multiprocessing's forkserver), so that a job pays no
+    import; not forked from the timing process, whose children would start with its CUDA context,
+    its allocator settings and its freed but resident memory. A new interpreter each where the
+    platform has no fork (Windows)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["__main__", __name__])
+    return context
 
 
 def measure_peak_memory(job, args):
-    argv = [sys.executable, "-m", "srvit_backbones.benchmark", "--memory-worker", "--job", repr(job),
-            "--size", str(args.size), "--batch-size", str(args.batch_size), "--device", args.device]
-    out = subprocess.run(argv, capture_output=True, text=True)
-    if out.returncode:
-        sys.exit(f"peak-memory measurement failed ({label(job)}):\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    context = memory_processes()
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=peak_memory_process, args=(job, args, send), daemon=True)
+    process.start()
+    send.close()
+    try:
+        result = receive.recv()
+    except EOFError:  # it died without sending (killed for memory, ...)
+        result = dict(error="the process ended without a result")
+    process.join()
+    if "error" in result:
+        sys.exit(f"peak-memory measurement failed ({label(job)}):\n{result['error'][-3000:]}")
+    return result
 
 
 def release_device_memory(device):
@@ -325,9 +349,6 @@ def parse_args(argv=None):
     p.add_argument("--json", help="write results here")
     p.add_argument("--default-malloc", action="store_true",
                    help="time with the C library's default allocator settings (see keep_freed_memory)")
-    # internal: the peak-memory process of one job
-    p.add_argument("--memory-worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--job", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -429,8 +450,6 @@ def write_json(path, result):
 def main(argv=None):
     """tools/benchmark.py: parse ``argv``, time, report; returns the result written to --json."""
     args = parse_args(argv)
-    if args.memory_worker:
-        return peak_memory_worker(args)
     variants, dtype = check_args(args)
     device = torch.device(args.device)
     if args.attention:
