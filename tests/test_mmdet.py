@@ -899,6 +899,33 @@ def test_an_lvis_config_on_a_coco_file_is_explained(coco_root, lvis_root, tmp_pa
         test_det.main([LVIS_CASCADE, str(tmp_path / "model.pth"), "--cfg-options", *data, f"test_dataloader.dataset.ann_file={coco_json}"])
 
 
+def test_an_lvis_metric_among_several_evaluators_is_checked(coco_root, lvis_root, tmp_path):
+    """test_det.py --out on an LVIS config (mmdet's DumpDetResults joins the LVISMetric) checks the
+    metric's file as without --out, and a config whose test_evaluator is a list of metrics has its
+    LVISMetric's file checked, named by its place in the list."""
+    from srvit_backbones.mmdet.tools import check_data
+
+    coco_json = str(coco_root / "datasets" / "coco" / "annotations" / "instances_val2017.json")
+    data = [f"test_dataloader.dataset.data_root={lvis_root / 'coco'}/",
+            f"test_dataloader.dataset.ann_file={lvis_json(lvis_root, 'val')}"]
+    test_det = load_tool("test_det")
+    (tmp_path / "model.pth").touch()
+    argv = [LVIS_CASCADE, str(tmp_path / "model.pth"), "--out", str(tmp_path / "results.pkl"), "--cfg-options", *data]
+    with pytest.raises(SystemExit, match=r"^test_evaluator.ann_file: '.*instances_val2017.json' is not LVIS-format: "
+                                         r".* lack the 'frequency' field"):
+        test_det.main(argv + [f"test_evaluator.ann_file={coco_json}"])
+
+    cfg = test_det.load_config(test_det.parse_args(argv))
+    for ann_file, error in ((lvis_json(lvis_root, "val"), None), (coco_json, r"^test_evaluator.1.ann_file: .* lack")):
+        cfg.test_evaluator = [dict(type="DumpDetResults", out_file_path=str(tmp_path / "results.pkl")),
+                              dict(type="LVISMetric", ann_file=ann_file)]
+        if error is None:
+            check_data(cfg, ("test_dataloader",))
+        else:
+            with pytest.raises(SystemExit, match=error):
+                check_data(cfg, ("test_dataloader",))
+
+
 def test_federated_loss_is_detectron2s(lvis_root):
     """FederatedSigmoidCELoss gives detectron2's FastRCNNOutputLayers loss (use_sigmoid_ce,
     use_fed_loss) on the same logits, labels (background included) and class draws; its scores are
