@@ -3,6 +3,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -29,6 +30,15 @@ def run(cwd, *cmd, **env):
     proc = subprocess.run([sys.executable, *cmd], cwd=str(cwd), env=dict(os.environ, OMP_NUM_THREADS="1", **env),
                           capture_output=True, text=True, timeout=600)
     return proc, proc.stdout + proc.stderr
+
+
+def side_by_side(*jobs):
+    """The results of ``jobs`` (functions of no arguments, each running a subprocess), run at the
+    same time, one thread each: independent runs overlap their imports and waits instead of
+    queueing."""
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = [pool.submit(job) for job in jobs]
+        return [future.result() for future in futures]
 
 
 def trained_detectron2(tmp_path_factory):
