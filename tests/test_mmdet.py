@@ -515,7 +515,7 @@ def scalars(work):
     return [json.loads(line) for line in open(path)]
 
 
-def tested_metrics(work):
+def logged_test_metrics(work):
     """The metrics a Runner.test() run in ``work`` logged (its TIMESTAMP/TIMESTAMP.json)."""
     (path,) = glob.glob(os.path.join(work, "*", "*.json"))
     with open(path) as f:
@@ -605,7 +605,7 @@ def test_our_test_det_and_its_errors(coco_root, trained, tmp_path, monkeypatch):
     monkeypatch.chdir(coco_root)  # the config's data_root, datasets/coco/
     load_tool("test_det").main(["quickstart/mask_rcnn_srvit_tiny_cpu.py", os.path.join(work, f"iter_{ITERS}.pth"),
                                 "--work-dir", str(tmp_path / "test"), "--out", out, "--cfg-options", *SMALL])
-    assert "coco/bbox_mAP" in tested_metrics(tmp_path / "test") and os.path.getsize(out) > 0
+    assert "coco/bbox_mAP" in logged_test_metrics(tmp_path / "test") and os.path.getsize(out) > 0
 
     monkeypatch.chdir(tmp_path)  # no datasets/ here
     with pytest.raises(SystemExit) as missing:
