@@ -4,6 +4,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from filelock import FileLock
@@ -43,6 +44,15 @@ def session_folder(tmp_path_factory, name):
         base = base.parent
     with FileLock(str(base / f"{name}.lock")):
         yield base / name
+
+
+def side_by_side(*jobs):
+    """The results of ``jobs`` (functions of no arguments, each running a subprocess), run at the
+    same time, one thread each: independent runs overlap their imports and waits instead of
+    queueing."""
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = [pool.submit(job) for job in jobs]
+        return [future.result() for future in futures]
 
 
 def trained_detectron2(tmp_path_factory):

@@ -138,4 +138,5 @@ def _ddp_worker(rank, init_file):
 
 
 def test_flagship_trains_under_two_process_gloo_ddp(tmp_path):
-    mp.spawn(_ddp_worker, args=(str(tmp_path / "dist_init"),), nprocs=2, join=True)
+    mp.start_processes(_ddp_worker, args=(str(tmp_path / "dist_init"),), nprocs=2, join=True,
+                       start_method="fork")  # forked: the workers need not import mmseg again

@@ -38,10 +38,10 @@ def main(argv=None):
     cfg.load_from = args.checkpoint
     if args.show_dir:
         cfg.default_hooks.visualization.update(draw=True, test_out_dir=args.show_dir)
+    check_data(cfg, ("test_dataloader",))  # before --out's evaluator: its messages name the config's paths
     if args.out is not None:
         cfg.test_evaluator = [*(cfg.test_evaluator if isinstance(cfg.test_evaluator, list) else [cfg.test_evaluator]),
                               dict(type="DumpDetResults", out_file_path=args.out)]
-    check_data(cfg, ("test_dataloader",))
     Runner.from_cfg(cfg).test()
 
 

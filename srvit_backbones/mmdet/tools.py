@@ -28,10 +28,11 @@ def check_lvis_data(cfg: Config, loaders) -> None:
                 files += [(f"{where}.ann_file", path) for key, path, _ in openmmlab_tools.dataset_files(dataset)
                           if key == "ann_file"]
     for name in ("val_evaluator", "test_evaluator"):
-        evaluator = cfg.get(name) or {}
-        if evaluator.get("type") == "LVISMetric" and evaluator.get("ann_file") and name.split("_")[0] + "_dataloader" \
-                in loaders:
-            files.append((f"{name}.ann_file", evaluator["ann_file"]))
+        if name.split("_")[0] + "_dataloader" not in loaders:
+            continue
+        for where, evaluator in _evaluators(cfg.get(name), name):
+            if evaluator.get("type") == "LVISMetric" and evaluator.get("ann_file"):
+                files.append((f"{where}.ann_file", evaluator["ann_file"]))
     for where, path in files:
         try:
             check_lvis_annotations(path, f"{where}:")
@@ -39,9 +40,20 @@ def check_lvis_data(cfg: Config, loaders) -> None:
             raise SystemExit(str(e)) from None
 
 
+def _evaluators(evaluator, name):
+    """(config path, metric dict) of each metric of an evaluator config: one dict, or a list of
+    them (mmdet's test.py --out appends DumpDetResults to the config's)."""
+    if isinstance(evaluator, dict):
+        yield name, evaluator
+    elif isinstance(evaluator, (list, tuple)):
+        for i, metric in enumerate(evaluator):
+            yield f"{name}.{i}", metric
+
+
 def _missing_data_message(cfg, where, dataset, key, path) -> str:
-    evaluators = " ".join(f"{name}.ann_file=DATA_ROOT/annotations/instances_val2017.json"
-                          for name in ("val_evaluator", "test_evaluator") if "ann_file" in (cfg.get(name) or {}))
+    evaluators = " ".join(f"{where}.ann_file=DATA_ROOT/annotations/instances_val2017.json"
+                          for name in ("val_evaluator", "test_evaluator")
+                          for where, metric in _evaluators(cfg.get(name), name) if "ann_file" in metric)
     return (
         openmmlab_tools.missing_path(where, dataset, key, path) + "\n"
         f"Expected layout: {openmmlab_tools.expected_layout(cfg)}; for COCO 2017, DATA_ROOT is the folder "
