@@ -92,8 +92,10 @@ def test_every_variant_config_exists_and_holds_the_recipe():
 
 
 def test_layer_decay_groups_every_backbone_parameter():
+    """The full-size detector's optimizer groups, built on the meta device (no weights drawn)."""
     cfg = load("mask_rcnn_srvit_s_t3.py")
-    model = instantiate(cfg.model)
+    with torch.device("meta"):
+        model = instantiate(cfg.model)
     cfg.optimizer.params.model = model
     optim = instantiate(cfg.optimizer)
     lr_of = {}
