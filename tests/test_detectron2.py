@@ -67,9 +67,11 @@ def load(name):
 
 @pytest.mark.parametrize("name,params", list(TABLE4.items()))
 def test_detector_parameters_match_table4(name, params):
+    """Counted on the meta device: the detector's shapes, no weights drawn."""
     cfg = load(name)
     assert cfg.model.backbone.net.img_size == 1024 and cfg.model.backbone.square_pad == 1024
-    model = instantiate(cfg.model)
+    with torch.device("meta"):
+        model = instantiate(cfg.model)
     assert model.backbone.net.srvit.pos_embed.shape[1] == 64 * 64 + 1
     assert abs(sum(p.numel() for p in model.parameters()) / 1e6 - params) < 0.2
 
@@ -90,8 +92,10 @@ def test_every_variant_config_exists_and_holds_the_recipe():
 
 
 def test_layer_decay_groups_every_backbone_parameter():
+    """The full-size detector's optimizer groups, built on the meta device (no weights drawn)."""
     cfg = load("mask_rcnn_srvit_s_t3.py")
-    model = instantiate(cfg.model)
+    with torch.device("meta"):
+        model = instantiate(cfg.model)
     cfg.optimizer.params.model = model
     optim = instantiate(cfg.optimizer)
     lr_of = {}

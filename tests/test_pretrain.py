@@ -198,10 +198,6 @@ def test_classes_are_the_datasets_class_to_idx(image_folder, tmp_path):
         trainer.build(recipe.parse(tiny_args(str(data), tmp_path / "out")), distributed=False)
 
 
-class Killed(Exception):
-    """Stands for the process dying right after a checkpoint was written."""
-
-
 #: three tiny epochs of 2 iterations with the default augmentation (RandAugment, random erasing,
 #: Mixup/CutMix, drop-path), a loader worker, an lr large enough to move the weights, an EMA
 RESUME_ARGS = ("--epochs", "3", "--batch-size", "2", "--workers", "1", "--lr", "1e-3", "--lr-base-batch", "2",
@@ -210,24 +206,26 @@ RESUME_ARGS = ("--epochs", "3", "--batch-size", "2", "--workers", "1", "--lr", "
 
 @pytest.fixture(scope="module")
 def interrupted(image_folder, tmp_path_factory):
-    """A run of RESUME_ARGS killed right after its first epoch's checkpoint: (argv, output)."""
-    out = tmp_path_factory.mktemp("interrupted")
-    argv = tiny_args(image_folder, out, *RESUME_ARGS)
+    """One run of RESUME_ARGS to its end, in ``straight``; ``interrupted`` is its output folder as
+    it stood right after its first epoch's checkpoint was written (what a run killed there leaves):
+    (argv of the interrupted run, interrupted, straight)."""
+    base = tmp_path_factory.mktemp("resume")
+    interrupted, straight = base / "interrupted", base / "straight"
     save = engine.save_checkpoint
 
-    def save_and_die(path, *args, **kwargs):
+    def save_and_copy_once(path, *args, **kwargs):
         save(path, *args, **kwargs)
-        raise Killed(path)
+        if not interrupted.exists():
+            shutil.copytree(straight, interrupted)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(engine, "save_checkpoint", save_and_die)
-        with pytest.raises(Killed):
-            load_tool("pretrain").main(argv)
-    return argv, out
+        mp.setattr(engine, "save_checkpoint", save_and_copy_once)
+        load_tool("pretrain").main(tiny_args(image_folder, straight, *RESUME_ARGS))
+    return tiny_args(image_folder, interrupted, *RESUME_ARGS), interrupted, straight
 
 
 def test_resume_restores_the_checkpoint_by_value(interrupted, tmp_path):
-    argv, out = interrupted
+    argv, out, _ = interrupted
     ckpt = torch.load(out / "last.pth", weights_only=True)
     assert ckpt["epoch"] == 0 and ckpt["global_iter"] == 2
     run = trainer.build(recipe.parse([*argv, "--resume", "auto"]), distributed=False)
@@ -258,14 +256,12 @@ def test_resume_restores_the_checkpoint_by_value(interrupted, tmp_path):
 def test_resumed_run_ends_where_an_uninterrupted_run_ends(interrupted, image_folder, tmp_path):
     """Bitwise: both runs do the same float operations in the same order in one process on the
     CPU, so any difference (data order, augmentation, Mixup/CutMix, drop-path) shows as one."""
-    argv, out = interrupted
+    _, out, straight = interrupted
     resumed = tmp_path / "resumed"
     shutil.copytree(out, resumed)
-    tool = load_tool("pretrain")
-    tool.main(tiny_args(image_folder, resumed, *RESUME_ARGS, "--resume", "auto"))
-    tool.main(tiny_args(image_folder, tmp_path / "straight", *RESUME_ARGS))
+    load_tool("pretrain").main(tiny_args(image_folder, resumed, *RESUME_ARGS, "--resume", "auto"))
     got = torch.load(resumed / "last.pth", weights_only=True)
-    expected = torch.load(tmp_path / "straight" / "last.pth", weights_only=True)
+    expected = torch.load(straight / "last.pth", weights_only=True)
     assert got["epoch"] == expected["epoch"] == 2 and got["global_iter"] == expected["global_iter"] == 6
     assert_same_tensors(got["model"], expected["model"])
     assert_same_tensors(got["model_ema"], expected["model_ema"])
@@ -287,9 +283,8 @@ def test_bad_input_is_explained(image_folder, tmp_path):
         tool.main(tiny_args(image_folder, tmp_path, "--epochs", "1", "--resume", str(other)))
 
 
-def test_pretraining_checkpoint_flows_into_both_frameworks(image_folder, tmp_path):
-    load_tool("pretrain").main(tiny_args(image_folder, tmp_path, "--epochs", "1", "--input-size", "32"))
-    path = str(tmp_path / "last.pth")
+def test_pretraining_checkpoint_flows_into_both_frameworks(interrupted):
+    path = str(interrupted[2] / "last.pth")  # tools/pretrain.py's, trained at 32 pixels
     sd = torch.load(path, weights_only=True)["model"]
     # the reference: the core model with the pretrained weights, its table resized to 64x64 input
     core = create_srvit("srvit_t_t2", num_classes=3, img_size=32)

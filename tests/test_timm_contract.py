@@ -167,8 +167,9 @@ def test_backward_reaches_every_parameter(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_default_cfg_full_size(name):
     """timm's cfg names at the registered size: classifier and first conv exist, the input
-    settings are the ImageNet ones (model creation only: cheap for the big variants)."""
-    model = timm.create_model(name)
+    settings are the ImageNet ones (built on the meta device: names and shapes, no weights drawn)."""
+    with torch.device("meta"):
+        model = timm.create_model(name)
     cfg = model.pretrained_cfg
     state = model.state_dict()
     assert model.num_classes == cfg["num_classes"] == 1000
