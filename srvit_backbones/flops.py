@@ -4,14 +4,26 @@ fvcore has no handle for ``aten::scaled_dot_product_attention``; ``sdpa_flop_jit
 it as the two matmuls it replaces (q @ k^T and attn @ v), so fused attention is counted
 like the explicit attention of the paper's models. ``attention_split`` keeps it apart, for
 figures (the paper's Table 4 detectors) that were counted without it.
+
+fvcore counts by tracing, which runs the model: at detection sizes a recursive backbone's 20 to
+40 block applications are most of that time, though they are a handful of distinct computations
+(the same block configuration on the same token shape, windowed or global). ``BlockApplications``
+traces each distinct one once and multiplies it by how often it runs; the counts are those of
+tracing every application, operator by operator.
 """
+import copy
 import warnings
-from typing import Any, List, Tuple
+from collections import Counter
+from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
+from .models import softmor
+
 SDPA_OP = "aten::scaled_dot_product_attention"
+APPLY_BLOCK = softmor.apply_block  # what a block application runs, also while BlockApplications records them
+ATTENTION = SDPA_OP.split("::")[1]  # its key in a count by operator
 
 
 def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
@@ -30,25 +42,122 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def attention_split(analysis) -> Tuple[int, int]:
-    """(all, fused attention) FLOPs of an fvcore ``FlopCountAnalysis`` (fvcore's, or
-    detectron2's for its detectors), the fused attention counted by ``sdpa_flop_jit``.
-    Runs the analysis' model once; call it in eval mode."""
-    analysis.set_op_handle(SDPA_OP, sdpa_flop_jit)
-    analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore", FutureWarning)  # torch.jit deprecation, from fvcore's tracer
-        by_operator = analysis.by_operator()
-    return int(sum(by_operator.values())), int(by_operator.get(SDPA_OP.split("::")[1], 0))
-
-
-def count_flops(model: nn.Module, inputs: Tuple[torch.Tensor, ...]) -> int:
-    """Total FLOPs (multiply-adds) of ``model(*inputs)`` in eval mode, via fvcore."""
+def fvcore_analysis(model: nn.Module, inputs: Any):
+    """fvcore's ``FlopCountAnalysis``: the default ``analysis`` of the functions below
+    (detectron2's, which takes its models' inputs, is the other)."""
     from fvcore.nn import FlopCountAnalysis
 
+    return FlopCountAnalysis(model, inputs)
+
+
+def count_by_operator(model: nn.Module, inputs: Any, analysis: Callable = fvcore_analysis) -> Counter:
+    """FLOPs of ``model(*inputs)`` by operator, as ``analysis`` (model, inputs) counts them, the
+    fused attention by ``sdpa_flop_jit``: one trace of the whole call, in eval mode."""
     was_training = model.training
     model.eval()
     try:
-        return attention_split(FlopCountAnalysis(model, inputs))[0]
+        counter = analysis(model, inputs).set_op_handle(SDPA_OP, sdpa_flop_jit)
+        counter.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore", FutureWarning)  # torch.jit deprecation, from fvcore's tracer
+            return Counter(counter.by_operator())
     finally:
         model.train(was_training)
+
+
+def attention_split(by_operator: Counter) -> Tuple[int, int]:
+    """(all, fused attention) FLOPs of a count by operator."""
+    return int(sum(by_operator.values())), int(by_operator.get(ATTENTION, 0))
+
+
+def _sizes(sizes) -> Optional[Tuple[int, ...]]:
+    """Sizes as ints: a trace gives them as tensors."""
+    return None if sizes is None else tuple(int(s) for s in sizes)
+
+
+def _configuration(module: nn.Module) -> Hashable:
+    """What a module computes, weights aside: its printed structure, parameter and buffer shapes,
+    and the plain attributes of every submodule (``fused_attn``, ``num_heads``...)."""
+    plain = (bool, int, float, str, type(None))
+    tensors = [(n, _sizes(t.shape), t.dtype) for n, t in (*module.named_parameters(), *module.named_buffers())]
+    attributes = [(name, sorted((k, v) for k, v in vars(m).items()
+                                if not k.startswith("_") and k != "training" and isinstance(v, plain)))
+                  for name, m in module.named_modules()]
+    return repr(module), tuple(tensors), repr(attributes)
+
+
+class _Application(nn.Module):
+    """One block application as a module fvcore can trace."""
+
+    def __init__(self, block: nn.Module, arguments: Tuple):
+        super().__init__()
+        self.block, self.arguments = block, arguments
+
+    def forward(self, x):
+        return APPLY_BLOCK(self.block, x, *self.arguments)
+
+
+class BlockApplications:
+    """While active (``with``), SR-ViT's block applications are recorded instead of run: the
+    tokens pass through unchanged, so a trace of the model counts everything but the blocks.
+    ``by_operator()`` then adds the blocks: each distinct application (the block's
+    configuration, the token shape, the window, the grid, the attention bias' shape) traced
+    once, times how often it ran.
+
+    Tokens past a block are the block's input, not its output: a model whose later shapes
+    depend on token values (none of SR-ViT's do) would be counted wrongly. ``traced`` (a dict,
+    shared between instances) keeps the count of every application traced so far.
+    """
+
+    def __init__(self, analysis: Callable = fvcore_analysis, traced: Optional[Dict[Hashable, Counter]] = None):
+        self.analysis = analysis
+        self.traced = {} if traced is None else traced
+        self.runs: Counter = Counter()
+        self.examples: Dict[Hashable, Tuple[nn.Module, torch.Tensor, Tuple]] = {}
+
+    def __enter__(self):
+        softmor.apply_block = self._record
+        return self
+
+    def __exit__(self, *exc):
+        softmor.apply_block = APPLY_BLOCK
+
+    def _record(self, block: nn.Module, x: torch.Tensor, drop_prob: float, training: bool,
+                grid: Optional[Tuple[int, int]] = None, window_size: int = 0,
+                attn_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        key = (_configuration(block), _sizes(x.shape), x.dtype, _sizes(grid), window_size,
+               None if attn_bias is None else _sizes(attn_bias.shape))
+        self.runs[key] += 1
+        if key not in self.examples:
+            bias = None if attn_bias is None else torch.zeros_like(attn_bias)
+            self.examples[key] = (block, torch.zeros_like(x), (drop_prob, training, _sizes(grid), window_size, bias))
+        return x
+
+    def by_operator(self) -> Counter:
+        """FLOPs of the recorded applications by operator."""
+        total = Counter()
+        for key, runs in self.runs.items():
+            if key not in self.traced:
+                block, x, arguments = self.examples[key]
+                if x.is_meta or any(p.is_meta for p in block.parameters()):  # built for its size only
+                    block, x = copy.deepcopy(block).to_empty(device="cpu"), torch.zeros(x.shape, dtype=x.dtype)
+                self.traced[key] = count_by_operator(_Application(block, arguments), (x,), self.analysis)
+            for op, flops in self.traced[key].items():
+                total[op] += runs * flops
+        return total
+
+
+def count_flops_by_operator(model: nn.Module, inputs: Any, analysis: Callable = fvcore_analysis,
+                            plain: bool = False, traced: Optional[Dict[Hashable, Counter]] = None) -> Counter:
+    """FLOPs of ``model(*inputs)`` by operator: block applications counted once each by
+    ``BlockApplications`` (``plain``: a trace of every application, the same figures)."""
+    if plain:
+        return count_by_operator(model, inputs, analysis)
+    with BlockApplications(analysis, traced) as blocks:
+        rest = count_by_operator(model, inputs, analysis)
+    return rest + blocks.by_operator()
+
+
+def count_flops(model: nn.Module, inputs: Tuple[torch.Tensor, ...], plain: bool = False) -> int:
+    """Total FLOPs (multiply-adds) of ``model(*inputs)`` in eval mode, via fvcore."""
+    return attention_split(count_flops_by_operator(model, inputs, plain=plain))[0]

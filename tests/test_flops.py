@@ -126,7 +126,7 @@ def test_count_flops_takes_a_config_folder_and_subfolder_names(monkeypatch):
 
     tool = load_tool("count_flops")
     measured = []
-    monkeypatch.setattr(tool, "measure_detector", lambda path: measured.append(path) or dict(model=path))
+    monkeypatch.setattr(tool, "measure_detector", lambda path, *_: measured.append(path) or dict(model=path))
     tool.table4_rows(tool.parse_args(["--task", "detection", "--configs", "cascade/", "lvis/mask_rcnn_srvit_s_t3.py"]))
     expected = srvit_backbones.list_configs("detectron2", "cascade") + ["lvis/mask_rcnn_srvit_s_t3.py"]
     assert measured == [srvit_backbones.resolve_config("detectron2", n) for n in expected] and len(expected) == 5
@@ -137,3 +137,39 @@ def test_count_flops_takes_a_config_folder_and_subfolder_names(monkeypatch):
         tool.table4_rows(tool.parse_args(["--task", "detection", "--configs", "common/"]))
     with pytest.raises(SystemExit, match=r"in the folders cascade/, lvis/, .*name them as FOLDER/NAME.py"):
         tool.table4_rows(tool.parse_args(["--task", "detection", "--configs", "cascade_mask_rcnn_srvit_s_t3.py"]))
+
+
+def test_shortcut_counts_equal_one_trace_of_the_whole_model(tmp_path, capsys):
+    """The tool's shortcuts (each distinct block application traced once, the heads once per
+    config and backbone shape with the RPN's NMS off, a segmentor's pruned units on the meta
+    device) give the figures of one trace of each whole model (--plain), on small configs: two
+    detectors that share their heads, one with global attention and one windowed, and a third
+    with other heads; a segmentor that prunes its last block; a classifier."""
+    import srvit_backbones
+
+    tool = load_tool("count_flops")
+    other_heads = tmp_path / "mask_rcnn_tiny_one_box_conv.py"
+    other_heads.write_text(
+        "from detectron2.config import LazyConfig\n"
+        "import srvit_backbones\n"
+        "model = LazyConfig.load(srvit_backbones.resolve_config(\n"
+        "    'detectron2', 'quickstart/mask_rcnn_srvit_tiny_cpu.py')).model\n"
+        "model.roi_heads.box_head.conv_dims = [64]\n")
+    detectors = [srvit_backbones.resolve_config("detectron2", f"quickstart/mask_rcnn_srvit_tiny{win}_cpu.py")
+                 for win in ("", "_win")] + [str(other_heads)]
+    counted = tool.Counted()
+    fast = [tool.measure_detector(path, counted) for path in detectors]
+    assert len(counted.heads) == 2  # the windowed detector's heads are the global one's
+    assert fast == tool.main(["--task", "detection", "--configs", *detectors, "--json", "--plain"])
+
+    pruning = tmp_path / "upernet_tiny_s.py"
+    pruning.write_text(f"_base_ = {srvit_backbones.resolve_config('mmseg', 'quickstart/upernet_srvit_tiny_cpu.py')!r}\n"
+                       "model = dict(backbone=dict(variant='srvit_s_t2'))\n")
+    args = ["--task", "segmentation", "--configs", str(pruning), "--json"]
+    segmentor = tool.main(args)
+    assert segmentor == tool.main([*args, "--plain"])
+    assert segmentor[0]["params_m"] > segmentor[0]["params_m_run"]  # it prunes a block
+
+    classifier = ["--models", "srvit_s_t2", "--size", "64", "--json"]
+    assert tool.main(classifier) == tool.main([*classifier, "--plain"])
+    capsys.readouterr()
