@@ -137,6 +137,14 @@ def test_count_flops_takes_a_config_folder_and_subfolder_names(monkeypatch):
         tool.table4_rows(tool.parse_args(["--task", "detection", "--configs", "common/"]))
     with pytest.raises(SystemExit, match=r"in the folders cascade/, lvis/, .*name them as FOLDER/NAME.py"):
         tool.table4_rows(tool.parse_args(["--task", "detection", "--configs", "cascade_mask_rcnn_srvit_s_t3.py"]))
+    # rows name a subfolder's configs with their folder: cascade/ and lvis/ hold configs of one name
+    names = {framework: [tool.config_name(srvit_backbones.resolve_config(framework, n))
+                         for n in [*srvit_backbones.list_configs(framework, "cascade"),
+                                   *srvit_backbones.list_configs(framework, "lvis")]]
+             for framework in ("detectron2", "mmdet")}
+    assert names["detectron2"][0] == "cascade/cascade_mask_rcnn_deit_s_win" and "lvis/mask_rcnn_srvit_s_t3_lsj" in names["mmdet"]
+    assert all(len(set(n)) == len(n) == 12 for n in names.values())
+    assert tool.config_name(srvit_backbones.resolve_config("mmseg", "upernet_srvit_s.py")) == "upernet_srvit_s"
 
 
 def test_shortcut_counts_equal_one_trace_of_the_whole_model(tmp_path, capsys):

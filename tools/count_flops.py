@@ -98,8 +98,19 @@ def classification_rows(args):
 
 
 # ----------------------------------------------------------------------------- Table 4
+def config_name(path):
+    """The row's name: the config's file name, with its shipped subfolder where it has one
+    (``cascade/`` and ``lvis/`` hold configs of the same names)."""
+    name = os.path.splitext(os.path.basename(path))[0]
+    for framework in {f for fs in FRAMEWORKS.values() for f in fs}:
+        folder = os.path.relpath(os.path.dirname(os.path.abspath(path)), srvit_backbones.config_dir(framework))
+        if folder in srvit_backbones.config_folders(framework):
+            return f"{folder}/{name}"
+    return name
+
+
 def table4_row(path, task, size, params, params_run, gflops, gflops_run, gflops_full):
-    return dict(model=os.path.splitext(os.path.basename(path))[0], task=task, input=f"{size[0]}x{size[1]}",
+    return dict(model=config_name(path), task=task, input=f"{size[0]}x{size[1]}",
                 params_m=params / 1e6, params_m_run=params_run / 1e6, gflops=gflops / 1e9,
                 gflops_run=gflops_run / 1e9, gflops_full=gflops_full / 1e9)
 
