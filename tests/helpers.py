@@ -246,3 +246,56 @@ def unit_applications(num_blocks: int, num_steps: int, drop_path_rates=None, win
     windows = window_sizes or [a.window_size for a in applications]
     return tuple(dataclasses.replace(a, drop_path_rate=float(r), window_size=w)
                  for a, r, w in zip(applications, rates, windows, strict=True))
+
+
+#: the compiled runs of the CPU tests: dynamo's graphs and AOT autograd's forward and backward
+#: graphs, run eagerly (inductor's code generation takes minutes on this CPU)
+TEST_COMPILE = {"backend": "aot_eager"}
+
+
+def two_gloo_processes(worker, tmp_path, *args):
+    """``worker(rank, *args)`` in 2 forked processes (they need not import the frameworks again),
+    each in a gloo process group of 2, one thread each."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_in_gloo_group, args=(worker, str(tmp_path / "dist_init"), args), nprocs=2, join=True,
+                       start_method="fork")
+
+
+def _in_gloo_group(rank, worker, init_file, args):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        worker(rank, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def assert_compiled_training_equals_eager(train, rtol=1e-4, atol=1e-5):
+    """Inside a process group: ``train(compile)`` builds the seeded model with the backbone's
+    ``compile`` setting (False, or TEST_COMPILE), wraps it as its framework does for DDP, trains
+    it a few steps on this rank's data and returns (losses, model). The compiled run's losses and
+    weights equal the eager run's (to float rounding: AOT autograd orders some sums otherwise),
+    and its weights are the same on every rank (the gradients were averaged). Returns the
+    largest differences."""
+    import torch.distributed as dist
+    from torch._dynamo.utils import counters
+
+    eager_losses, eager = train(False)
+    torch._dynamo.reset()  # compile afresh: no graph of an earlier test (of the parent process) reused
+    graphs = counters["stats"]["unique_graphs"]
+    losses, compiled = train(dict(TEST_COMPILE))
+    assert counters["stats"]["unique_graphs"] > graphs  # the backbone ran compiled
+    torch.testing.assert_close(losses, eager_losses, rtol=rtol, atol=atol)
+    weights, eager_weights = compiled.state_dict(), eager.state_dict()
+    assert weights.keys() == eager_weights.keys()
+    for name, value in eager_weights.items():
+        torch.testing.assert_close(weights[name], value, rtol=rtol, atol=atol, msg=name)
+    flat = torch.cat([p.detach().flatten() for p in compiled.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(2)]
+    dist.all_gather(gathered, flat)
+    assert torch.equal(gathered[0], gathered[1])
+    return dict(loss=(losses - eager_losses).abs().max().item(),
+                weights=max((weights[n].float() - v.float()).abs().max().item() for n, v in eager_weights.items()))

@@ -25,7 +25,7 @@ from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.srvit import resize_pos_embed
 from srvit_backbones.models.attention import RelPosAttention
 from srvit_backbones.models.rel_pos import is_rel_pos
-from helpers import interpolated_pos_embed, load_tool
+from helpers import interpolated_pos_embed, load_tool, two_gloo_processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "detectron2_configs")
@@ -912,3 +912,45 @@ def test_an_lvis_config_on_a_coco_file_is_explained(coco_root, lvis_names):
     with pytest.raises(SystemExit, match=r"dataloader.test.dataset.names='srvit_synthetic_coco_val_\d+': its file .* "
                                          r"lack the 'frequency' field .*lvis_v1_train.json / lvis_v1_val.json"):
         train_net.check_config(train_net.load_config(args))
+
+
+# ----------------------------------------------------------------------------- compiled training
+QUICKSTART_WIN = os.path.join(CONFIGS, "quickstart", "mask_rcnn_srvit_tiny_win_cpu.py")
+# the windowed quickstart at 96 pixels with one recursive block (T=2): 4 applications, windowed
+# (4x4 windows padded on the 6x6 patch grid) and global in turn; a small graph to compile
+COMPILED_TINY = [o for o in TINY if not o.startswith(("model.backbone.net.img_size", "model.backbone.square_pad"))] + \
+    ["model.backbone.net.img_size=96", "model.backbone.square_pad=96", "model.backbone.net.layout=[1]"]
+
+
+def _compiled_ddp_worker(rank):
+    from detectron2.engine import SimpleTrainer
+
+    from srvit_backbones.detectron2 import training
+    from srvit_backbones.detectron2.benchmark import synthetic_detection_batch
+    from helpers import assert_compiled_training_equals_eager
+
+    train_net = load_tool("train_net")
+    batch = synthetic_detection_batch(1, 96, seed=rank)  # each rank its own image
+
+    def train(compile):
+        cfg = training.load_config(QUICKSTART_WIN, COMPILED_TINY)
+        cfg.model.backbone.net.compile = compile
+        torch.manual_seed(0)
+        model = training.build_model(cfg)
+        ddp = train_net.create_ddp_model(model, **train_net.ddp_kwargs(cfg))  # as tools/train_net.py wraps it
+        losses = []
+        model.register_forward_hook(lambda module, inputs, loss_dict: losses.append(sum(loss_dict.values()).item()))
+        SimpleTrainer(ddp, iter([batch] * 2), training.build_optimizer(cfg, model)).train(0, 2)
+        return torch.tensor(losses), model
+
+    differences = assert_compiled_training_equals_eager(train)
+    print(f"rank {rank}: compiled - eager after 2 steps: {differences}")
+
+
+def test_compiled_backbone_trains_as_the_eager_one_under_two_process_ddp(tmp_path):
+    """``model.backbone.net.compile`` (AOT autograd's graphs, run eagerly) under detectron2's DDP
+    as tools/train_net.py wraps it (find_unused_parameters=False): two steps of the windowed
+    quickstart detector (padded windows, relative positions, global applications) give the eager
+    run's losses and weights, the same on both ranks."""
+    assert LazyConfig.load(QUICKSTART_WIN).train.ddp.find_unused_parameters is False
+    two_gloo_processes(_compiled_ddp_worker, tmp_path)

@@ -30,10 +30,10 @@ def detector_config(config, opts=(), grad_checkpointing=False):
     return cfg, size
 
 
-def synthetic_detection_batch(batch_size, size):
-    """Images with four instances each (boxes, classes, polygon masks), as detectron2's COCO
-    mapper yields them (uint8 CHW image, ``Instances`` with polygon ``gt_masks``)."""
-    g = torch.Generator().manual_seed(0)
+def synthetic_detection_batch(batch_size, size, seed=0):
+    """Images (drawn with ``seed``) with four instances each (boxes, classes, polygon masks), as
+    detectron2's COCO mapper yields them (uint8 CHW image, ``Instances`` with polygon ``gt_masks``)."""
+    g = torch.Generator().manual_seed(seed)
     shapes = [(0.10, 0.10, 0.40, 0.50), (0.50, 0.20, 0.90, 0.60), (0.20, 0.60, 0.50, 0.90), (0.60, 0.65, 0.85, 0.95)]
     batch = []
     for _ in range(batch_size):
