@@ -286,8 +286,8 @@ def test_benchmark_detector_mode_refuses_unknown_configs():
 
 def test_benchmark_compile_pairs_each_model_with_its_eager_run():
     """``--compile both``: every model twice, compiled (with its backend) and eager; a compiled
-    row is compared with its own eager row and with the other compiled models only; a detector
-    is refused, and so is a backend without --compile."""
+    row is compared with its own eager row and with the other compiled models only; a backend
+    without --compile is refused."""
     from srvit_backbones.benchmark import runner
 
     args = runner.parse_args(["--model", "srvit_t_t2", "--compile", "both", "--references", "deit_small_patch16_224"])
@@ -300,11 +300,32 @@ def test_benchmark_compile_pairs_each_model_with_its_eager_run():
         ("srvit_t_t2 infer", "deit_small_patch16_224 infer"),
         ("srvit_t_t2 infer compiled", "deit_small_patch16_224 infer compiled"),
         ("srvit_t_t2 infer compiled", "srvit_t_t2 infer")]
-    bench = load_tool("benchmark")
-    with pytest.raises(SystemExit, match="--compile times compiled backbones"):
-        bench.main(["--detector", "mask_rcnn_srvit_s_t3.py", "--compile"])
     with pytest.raises(SystemExit, match="--compile-backend aot_eager chooses --compile's backend: add --compile"):
-        bench.main(["--compile-backend", "aot_eager"])
+        load_tool("benchmark").main(["--compile-backend", "aot_eager"])
+
+
+def test_benchmark_compile_both_times_a_detector_with_its_backbone_compiled_by_the_switch():
+    """``--detector --compile both``, a CPU dry run at 64 pixels: the windowed detector eager and
+    with its backbone compiled by ``model.backbone.net.compile`` (one graph, no break), paired;
+    a detector of another backbone (detectron2's ViT, the reference) has its backbone compiled
+    in place."""
+    from srvit_backbones.detectron2.benchmark import detector_config, detector_step
+
+    argv = ["--detector", "quickstart/mask_rcnn_srvit_tiny_win_cpu.py", "--detector-opts", *TINY_DETECTOR_OPTS,
+            "model.backbone.net.layout=[1]", "--batch-size", "1", "--warmup", "0", "--repeats", "1", "--modes",
+            "train", "--compile", "both", "--compile-backend", "eager", "--peak-memory", "off", "--default-malloc"]
+    rows = load_tool("benchmark").main(argv)["rows"]
+    assert [r["compiled"] for r in rows] == [False, True]
+    assert rows[1]["graph_breaks"] == 0 and rows[1]["graphs"] == 1 and rows[1]["median_s"] > 0
+
+    cfg, _ = detector_config("quickstart/mask_rcnn_srvit_tiny_win_cpu.py", compile=dict(backend="eager"))
+    assert cfg.model.backbone.net.compile == dict(backend="eager")  # the switch a user sets
+    step, model, _ = detector_step("reference/mask_rcnn_vitdet_b.py", ["model.backbone.square_pad=64",
+                                   "model.backbone.net.img_size=64", "model.backbone.net.depth=1",
+                                   "model.backbone.net.window_block_indexes=[]"], mode="infer",
+                                   compile=dict(backend="eager"))
+    assert model.backbone.net._compiled_call_impl is not None
+    step()
 
 
 def test_a_compiled_models_graph_breaks_and_graphs_are_recorded():
