@@ -556,6 +556,8 @@ def test_two_process_ddp_on_cpu(request, config, extra):
     ("model.backbone.square_pad=200", SystemExit, "square_pad=200 is not a multiple of the patch size 16"),
     ("model.backbone.square_pad=128", SystemExit, "192 pixels, larger than model.backbone.square_pad=128"),
     ("train.amp.enabled=True", SystemExit, "train.amp.enabled=True needs a GPU"),
+    ("model.backbone.net.compile=yes", ValueError, r"compile='yes': give False \(eager\), True"),
+    ("model.backbone.net.compile={mood:fast}", ValueError, r"compile=\{'mood': 'fast'\}: .*'mood'.*torch.compile's"),
 ])
 def test_train_net_bad_input_is_explained(tmp_path, override, error, match):
     train_net = load_tool("train_net")

@@ -105,6 +105,8 @@ def test_backbone_outputs_recursive_units_as_nchw_maps():
 def test_bad_backbone_input_is_explained(tmp_path):
     with pytest.raises(ValueError, match="feature index 7 does not exist"):
         MODELS.build(dict(type="SRViT", variant="srvit_s_t2", img_size=64, out_indices=(1, 7)))
+    with pytest.raises(ValueError, match=r"compile=\{'fulgraph': True\}: .*'fulgraph'.*torch.compile's"):
+        MODELS.build(dict(type="SRViT", variant="srvit_t_t2", compile=dict(fulgraph=True)))
     backbone = MODELS.build(dict(type="SRViT", variant="srvit_t_t2", img_size=64, embed_dim=32, num_heads=2))
     with pytest.raises(ValueError, match="120x120 is not a multiple of the patch size 16.*size_divisor"):
         backbone(torch.randn(1, 3, 120, 120))
