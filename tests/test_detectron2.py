@@ -311,6 +311,10 @@ def test_yacs_registry_builds_the_detector():
     instances = out[0]["instances"]
     assert instances.image_size == (100, 120) and len(instances) == 5
     assert {"pred_boxes", "scores", "pred_classes", "pred_masks"} <= set(instances.get_fields())
+    from srvit_backbones.detectron2.yacs_config import build_srvit_sfp_backbone
+
+    cfg.MODEL.SRVIT.COMPILE = True  # built, not run: inductor compiles for minutes on this CPU
+    assert build_srvit_sfp_backbone(cfg, ShapeSpec(channels=3)).net.compile_options == {}
     assert instances.pred_masks.shape == (5, 100, 120)
     boxes = instances.pred_boxes.tensor
     assert (boxes[:, :2] >= 0).all() and (boxes[:, 2] <= 120).all() and (boxes[:, 3] <= 100).all()

@@ -34,7 +34,10 @@ model = dict(
         drop_path_rate=0.1,
         with_cp=False,
         prefer_ema=False,  # True: a pretraining checkpoint's EMA weights
-        allow_partial=False),  # variant configs add init_cfg=dict(type='Pretrained', checkpoint=...)
+        allow_partial=False,  # variant configs add init_cfg=dict(type='Pretrained', checkpoint=...)
+        # torch.compile the backbone: True (inductor) or torch.compile's arguments, e.g.
+        # dict(mode='max-autotune'); the heads stay eager (their shapes depend on the data)
+        compile=False),
     neck=dict(
         _delete_=True,
         type='SimpleFeaturePyramid',

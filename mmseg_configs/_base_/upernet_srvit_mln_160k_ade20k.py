@@ -33,6 +33,9 @@ model = dict(
         out_indices=None,  # the four recursive units (R4, R3, R2, R1)
         drop_path_rate=0.1,
         with_cp=False,
+        # torch.compile the backbone: True (inductor) or torch.compile's arguments, e.g.
+        # dict(mode='max-autotune'); the neck and heads stay eager
+        compile=False,
         interpolate_mode='bicubic'),  # variant configs add init_cfg=dict(type='Pretrained', ...)
     # Neck and head widths as in the paper's Table 4 model sizes: MLN out_channels = the
     # backbone width and 256-channel UPerHead/FCN heads give the paper's 36.9M for DeiT-S
