@@ -299,3 +299,26 @@ def assert_compiled_training_equals_eager(train, rtol=1e-4, atol=1e-5):
     assert torch.equal(gathered[0], gathered[1])
     return dict(loss=(losses - eager_losses).abs().max().item(),
                 weights=max((weights[n].float() - v.float()).abs().max().item() for n, v in eager_weights.items()))
+
+
+def assert_mmengine_compiled_training_equals_eager(rank, models, cfg, batches, prepare=lambda ddp: None):
+    """``assert_compiled_training_equals_eager`` of the model of an mmengine config (built from
+    the ``models`` registry): wrapped as mmengine's Runner wraps it for DDP (its defaults:
+    find_unused_parameters=False), ``prepare(ddp)`` (the config's hooks), two ``train_step``s of
+    the config's optimizer wrapper, one per batch of this rank's ``batches``."""
+    from mmengine.model import MMDistributedDataParallel
+    from mmengine.optim import build_optim_wrapper
+
+    def train(compile):
+        cfg.model.backbone.compile = compile
+        torch.manual_seed(0)
+        model = models.build(cfg.model)
+        model.init_weights()
+        ddp = MMDistributedDataParallel(module=model, broadcast_buffers=False, find_unused_parameters=False)
+        prepare(ddp)
+        wrapper = build_optim_wrapper(ddp, cfg.optim_wrapper)
+        torch.manual_seed(1)  # the heads' sampling: the same draws in both runs
+        return torch.stack([ddp.train_step(data, wrapper)["loss"].detach() for data in batches]), model
+
+    differences = assert_compiled_training_equals_eager(train)
+    print(f"rank {rank}: compiled - eager after {len(batches)} steps: {differences}")

@@ -37,8 +37,9 @@ from srvit_backbones.detectron2 import SRViTBackbone as D2Backbone, SRViTCheckpo
 from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.rel_pos import is_rel_pos
 from srvit_backbones.openmmlab.hooks import Fp16CompressionHook
-from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg, assert_mmengine_resume_restores,
-                     load_tool, randomize_routers, run, side_by_side, trained_detectron2, two_gloo_processes)
+from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg,
+                     assert_mmengine_compiled_training_equals_eager, assert_mmengine_resume_restores, load_tool,
+                     randomize_routers, run, side_by_side, trained_detectron2, two_gloo_processes)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, "mmdet_configs")
@@ -710,29 +711,14 @@ WIN_FLAGSHIP = os.path.join(CONFIG_DIR, "mask_rcnn_srvit_s_t3_win_lsj.py")
 
 
 def _compiled_ddp_worker(rank):
-    from helpers import assert_compiled_training_equals_eager
-
     register_all_modules()
     cfg = shrink(Config.fromfile(WIN_FLAGSHIP))
     # a small graph to compile: one recursive block (T=2: 4 applications), 3x3 windows padded on
     # the 4x4 patch grid and the global applications
     cfg.model.backbone.update(layout=(1,), num_steps=2, window_size=3)
-    batches = [batch(seed=10 * rank + i) for i in range(2)]  # each rank its own data
-
-    def train(compile):
-        cfg.model.backbone.compile = compile
-        torch.manual_seed(0)
-        model = MODELS.build(cfg.model)
-        model.init_weights()
-        ddp = MMDistributedDataParallel(module=model, broadcast_buffers=False, find_unused_parameters=False)
-        Fp16CompressionHook().before_train(type("Runner", (), {"model": ddp})())  # as the config's custom_hooks
-        wrapper = build_optim_wrapper(ddp, cfg.optim_wrapper)
-        torch.manual_seed(1)  # the heads' sampling: the same draws in both runs
-        losses = [ddp.train_step(data, wrapper)["loss"].detach() for data in batches]
-        return torch.stack(losses), model
-
-    differences = assert_compiled_training_equals_eager(train)
-    print(f"rank {rank}: compiled - eager after 2 steps: {differences}")
+    assert_mmengine_compiled_training_equals_eager(
+        rank, MODELS, cfg, [batch(seed=10 * rank + i) for i in range(2)],  # each rank its own data
+        prepare=lambda ddp: Fp16CompressionHook().before_train(type("Runner", (), {"model": ddp})()))
 
 
 def test_compiled_backbone_trains_as_the_eager_one_under_two_process_ddp(tmp_path):

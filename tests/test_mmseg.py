@@ -387,6 +387,16 @@ def test_amp_is_one_rule_for_both_openmmlab_tools(tmp_path, monkeypatch):
             load_tool(tool).main([*common, "--cfg-options", "optim_wrapper.type=AmpOptimWrapper"])
 
 
+def test_mmengines_whole_model_compile_is_refused_naming_the_backbones_switch(tmp_path):
+    """mmengine's ``compile=True`` stops in AdamW.step on the parameter groups a ``paramwise_cfg``
+    makes (torch 2.14): train_seg and train_det refuse it before building the Runner and name
+    ``model.backbone.compile``."""
+    for tool, config in (("train_seg", QUICKSTART), ("train_det", "quickstart/mask_rcnn_srvit_tiny_cpu.py")):
+        with pytest.raises(SystemExit, match=r"compile=True is mmengine's whole-model compile.*paramwise_cfg.*"
+                                             r"set model.backbone.compile=True"):
+            load_tool(tool).main([config, "--work-dir", str(tmp_path / "w"), "--cfg-options", "compile=True"])
+
+
 def test_mim_train_runs_our_config(seg_root):
     """`mim train mmseg CONFIG` (openmim from tools/requirements.txt) runs mmseg's train.py on it."""
     work = str(seg_root / "mim")

@@ -23,7 +23,7 @@ from mmseg.utils import register_all_modules
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import create_srvit
 from srvit_backbones.openmmlab.tools import sync_bn_to_bn
-from helpers import two_gloo_processes
+from helpers import assert_mmengine_compiled_training_equals_eager, two_gloo_processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, "mmseg_configs")
@@ -148,26 +148,13 @@ WIN = os.path.join(CONFIG_DIR, "upernet_srvit_s_win.py")
 
 
 def _compiled_ddp_worker(rank):
-    from helpers import assert_compiled_training_equals_eager
-
     register_all_modules()
     cfg = shrink(Config.fromfile(WIN))
-    # a small graph to compile: one block per recursive unit (T=2: 10 applications), 3x3 windows
-    # padded on the 4x4 patch grid and the global applications
-    cfg.model.backbone.update(layout=(1, 1, 1, 1), window_size=3)
-    batches = [batch(seed=10 * rank + i) for i in range(2)]  # each rank its own data
-
-    def train(compile):
-        cfg.model.backbone.compile = compile
-        torch.manual_seed(0)
-        model = MODELS.build(cfg.model)
-        model.init_weights()
-        ddp = MMDistributedDataParallel(module=model, broadcast_buffers=False, find_unused_parameters=False)
-        losses = [log["loss"].detach() for log in _train_steps(ddp, cfg, batches)]
-        return torch.stack(losses), model
-
-    differences = assert_compiled_training_equals_eager(train)
-    print(f"rank {rank}: compiled - eager after 2 steps: {differences}")
+    # a small graph to compile: two recursive units of one block (T=2: 6 applications), 3x3
+    # windows padded on the 4x4 patch grid and the global applications; UPerNet's four maps
+    cfg.model.backbone.update(layout=(1, 1), num_steps=2, window_size=3, out_indices=(0, 1, 2, 3))
+    assert_mmengine_compiled_training_equals_eager(rank, MODELS, cfg,
+                                                   [batch(seed=10 * rank + i) for i in range(2)])  # each rank its own
 
 
 def test_compiled_backbone_trains_as_the_eager_one_under_two_process_ddp(tmp_path):

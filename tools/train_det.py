@@ -11,7 +11,7 @@ import argparse
 from mmengine.config import DictAction
 from mmengine.runner import Runner
 
-from srvit_backbones.mmdet.tools import apply_amp, check_data, load_config
+from srvit_backbones.mmdet.tools import apply_amp, check_compile, check_data, load_config
 
 
 def parse_args(argv=None):
@@ -34,6 +34,7 @@ def build_runner(argv=None) -> Runner:
     args = parse_args(argv)
     cfg = load_config(args)
     apply_amp(cfg, args.amp)
+    check_compile(cfg)
     if args.auto_scale_lr:
         if "auto_scale_lr" not in cfg or "base_batch_size" not in cfg.auto_scale_lr:
             raise SystemExit("--auto-scale-lr needs auto_scale_lr=dict(base_batch_size=...) in the config")

@@ -11,7 +11,7 @@ import argparse
 from mmengine.config import DictAction
 from mmengine.runner import Runner
 
-from srvit_backbones.mmseg.tools import apply_amp, check_data, load_config
+from srvit_backbones.mmseg.tools import apply_amp, check_compile, check_data, load_config
 
 
 def parse_args(argv=None):
@@ -33,6 +33,7 @@ def build_runner(argv=None) -> Runner:
     args = parse_args(argv)
     cfg = load_config(args)
     apply_amp(cfg, args.amp)
+    check_compile(cfg)
     cfg.resume = args.resume
     check_data(cfg, ("train_dataloader", "val_dataloader"))
     return Runner.from_cfg(cfg)

@@ -27,6 +27,20 @@ def apply_amp(cfg: Config, requested: bool) -> None:
         cfg.optim_wrapper.loss_scale = "dynamic"
 
 
+def check_compile(cfg: Config) -> None:
+    """Refuse mmengine's own ``compile`` (the Runner compiles the whole ``train_step``) where it
+    cannot work, naming the backbone's switch: with a ``paramwise_cfg`` (every shipped config's,
+    for layer decay) mmengine builds the optimizer's parameter groups as ``ConfigDict``s, and
+    torch 2.14's dynamo stops in ``AdamW.step`` on them (``InternalTorchDynamoError``), after the
+    whole first step has compiled."""
+    if cfg.get("compile") and cfg.optim_wrapper.get("paramwise_cfg") is not None:
+        raise SystemExit(f"compile={cfg.compile!r} is mmengine's whole-model compile (the Runner's train_step, "
+                         "optimizer step included), which fails with this config's optim_wrapper.paramwise_cfg "
+                         "(torch's dynamo cannot trace the ConfigDict parameter groups mmengine makes of it); "
+                         "compile the backbone instead: drop compile and set model.backbone.compile=True "
+                         "(--cfg-options model.backbone.compile=True)")
+
+
 def load_config(args, framework: str) -> Config:
     """The config with ``--launcher``, ``--cfg-options`` and ``--work-dir`` applied."""
     if "LOCAL_RANK" not in os.environ:
