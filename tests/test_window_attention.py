@@ -632,15 +632,15 @@ def test_the_backbones_compile_whole_and_match_eager(options):
 def test_the_windowed_detector_backbone_at_1024_compiles_whole_with_the_gpus_kernels(monkeypatch):
     """The backbone of mask_rcnn_srvit_s_t3_win.py (S-T3, 14x14 windows padded on the 64x64 grid,
     relative positions, 5 global applications of 32) in training at 1024, batch 1, with the
-    attention kernels a CUDA device chooses (``device_type='cuda'``): the backbone's compile
-    switch with ``fullgraph=True`` (a graph break is an error) makes one graph of the whole
-    forward. Traced only, on fake tensors (no arithmetic at 1024 on this CPU); the compiled
+    attention kernels a CUDA device chooses (``device_type='cuda'``): what the backbones' compile
+    switch compiles, with ``fullgraph=True`` (a graph break is an error), makes one graph of the
+    whole forward. Traced only, on fake tensors (no arithmetic at 1024 on this CPU); the compiled
     runs that compute are compared with eager at small sizes (the DDP tests of each framework,
     test_the_backbones_compile_whole_and_match_eager)."""
     import torch._dynamo
 
     from srvit_backbones.models import attention, rel_pos
-    from srvit_backbones.models.compiled import feature_maps_function
+    from srvit_backbones.models.compiled import feature_maps
 
     monkeypatch.setattr(attention, "rel_pos_attention", partial(rel_pos.rel_pos_attention, device_type="cuda"))
     model = create_srvit("srvit_s_t3", img_size=1024, window_size=14, use_rel_pos=True, global_attn_indexes=None,
@@ -656,8 +656,8 @@ def test_the_windowed_detector_backbone_at_1024_compiles_whole_with_the_gpus_ker
         return lambda *args: [torch.empty(shape, dtype=dtype) for shape, dtype in shapes]
 
     torch._dynamo.reset()
-    features = feature_maps_function(dict(backend=trace_only, fullgraph=True))(model, torch.randn(1, 3, 1024, 1024),
-                                                                              [])
+    # the function the switch compiles, compiled here without the switch's cache of settings
+    features = torch.compile(feature_maps, backend=trace_only, fullgraph=True)(model, torch.randn(1, 3, 1024, 1024), [])
     assert len(graphs) == 1 and features["last_feat"].shape == (1, 384, 64, 64)
 
 
