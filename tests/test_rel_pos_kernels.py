@@ -127,7 +127,7 @@ def test_the_folded_kernel_equals_detectron2_in_float64(grid, window):
     qkv = torch.randn(2, grid[0] * grid[1], 3 * heads * C, generator=g, dtype=torch.float64)
     if window:
         q, k, v = window_qkv(qkv, torch.randn(3 * heads * C, generator=g, dtype=torch.float64), grid, window,
-                             heads).unbind(0)
+                             heads)
     else:
         q, k, v = qkv.view(2, -1, 3, heads, C).permute(2, 0, 3, 1, 4).unbind(0)
     size = (window, window) if window else grid
@@ -170,7 +170,8 @@ def test_the_bias_kernel_keeps_its_bias_only_within_the_budget(monkeypatch):
     def largest_saved(dtype):
         sizes = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
-            rel_pos_attention(*[t.detach().to(dtype).requires_grad_() for t in tensors], size, device_type="cuda")
+            rel_pos_attention(*[t.detach().to(dtype).requires_grad_() for t in tensors], size, device_type="cuda",
+                              kernel="bias")
         return max(sizes)
 
     assert largest_saved(torch.float32) >= bias_elements  # within the budget: the whole bias, kept

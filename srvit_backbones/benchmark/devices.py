@@ -30,7 +30,7 @@ def kernel_inputs(grid, window, seed=0):
     g = torch.Generator().manual_seed(seed)
     qkv = torch.randn(2, grid[0] * grid[1], 3 * heads * C, generator=g)
     if window:
-        q, k, v = window_qkv(qkv, torch.randn(3 * heads * C, generator=g), grid, window, heads).unbind(0)
+        q, k, v = window_qkv(qkv, torch.randn(3 * heads * C, generator=g), grid, window, heads)
     else:
         q, k, v = qkv.view(2, -1, 3, heads, C).permute(2, 0, 3, 1, 4).unbind(0)
     size = (window, window) if window else grid

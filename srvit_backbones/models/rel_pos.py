@@ -24,6 +24,7 @@ The rule (``choose_kernel``): ``blocked`` on the CPU, ``folded`` elsewhere; ``bi
 variable SRVIT_REL_POS_KERNEL. It is a function of the device type, so the GPU's choices run on
 the CPU too (``device_type='cuda'``).
 """
+import contextlib
 import functools
 import os
 from typing import List, Optional, Tuple
@@ -72,6 +73,14 @@ FOLDED_OWN_V_MAX_HEAD_DIM = 128
 
 #: the names of the relative-position tables of a ``RelPosAttention`` (one (h, w) pair per extent)
 REL_POS_SUFFIXES = ("rel_pos_h", "rel_pos_w")
+
+
+def autocast_off(device_type: str):
+    """Autocast switched off for ``device_type``; nothing to switch off on a device type without
+    autocast (meta tensors, on which whole models run shapes only to count their operations)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type=device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def is_rel_pos(name: str) -> bool:
@@ -276,7 +285,7 @@ class _BlockedRelPosAttention(torch.autograd.Function):
         if len(dtypes) != 1:
             raise TypeError(f"_BlockedRelPosAttention takes inputs of one dtype, got {sorted(map(str, dtypes))}: call "
                             f"rel_pos_attention, which casts them")
-        with torch.autocast(device_type=device_type, enabled=False):
+        with autocast_off(device_type):
             out = _blocked_forward(q, k, v, terms_h, terms_w, budget, device_type)
         ctx.save_for_backward(q, k, v, terms_h, terms_w, out)
         ctx.budget, ctx.device_type = budget, device_type
@@ -287,7 +296,7 @@ class _BlockedRelPosAttention(torch.autograd.Function):
         saved = ctx.saved_tensors
         dtype = saved[0].dtype
         work = backward_dtype(ctx.device_type, dtype)
-        with torch.autocast(device_type=ctx.device_type, enabled=False):
+        with autocast_off(ctx.device_type):
             grads = _blocked_backward(*(t.to(work) for t in saved), grad_out.to(work), ctx.budget, ctx.device_type)
         return (*(g.to(dtype) for g in grads), None, None)
 
@@ -381,13 +390,13 @@ def folded_head_dims(head_dim: int, size: Tuple[int, int]) -> Tuple[int, int]:
 
 
 def _folded_constants(head_dim: int, size: Tuple[int, int], qk_dim: int, dtype: torch.dtype,
-                      device: torch.device):
+                      table_dtype: torch.dtype, device: torch.device):
     """What the ``folded`` kernel needs of a grid besides q, k, v and the tables, made from sizes
     alone: the gather index that turns q @ [scale * I | R_h^T | R_w^T | 0] into q' (the channels,
     then for each key row r the table row of offset row(i) - r, for each key column c that of
     col(i) - c, then the zero column for the padding), (queries, qk_dim); the keys' one-hots of
-    row and column, zero-padded, (keys, qk_dim - head_dim); and [scale * I] and [0], the
-    projection's constant blocks, in the tables' ``dtype``."""
+    row and column, zero-padded, (keys, qk_dim - head_dim), in the keys' ``dtype``; and
+    [scale * I] and [0], the projection's constant blocks, in the tables' ``table_dtype``."""
     h, w = size
     rows, cols = torch.arange(h, device=device), torch.arange(w, device=device)
     row_of, col_of = rows.repeat_interleave(w), cols.repeat(h)  # token n's row and column
@@ -398,17 +407,17 @@ def _folded_constants(head_dim: int, size: Tuple[int, int], qk_dim: int, dtype: 
                        head_dim + table_h + col_of[:, None] - cols[None, :] + w - 1,
                        torch.full((h * w, pad), head_dim + table_h + table_w, device=device)], dim=1)
     onehots = torch.cat([row_of[:, None] == rows[None, :], col_of[:, None] == cols[None, :],
-                         torch.zeros(h * w, pad, dtype=torch.bool, device=device)], dim=1)
-    scaled_identity = torch.eye(head_dim, dtype=dtype, device=device) * head_dim ** -0.5
-    return index, onehots, scaled_identity, torch.zeros(head_dim, 1, dtype=dtype, device=device)
+                         torch.zeros(h * w, pad, dtype=torch.bool, device=device)], dim=1).to(dtype)
+    scaled_identity = torch.eye(head_dim, dtype=table_dtype, device=device) * head_dim ** -0.5
+    return index, onehots, scaled_identity, torch.zeros(head_dim, 1, dtype=table_dtype, device=device)
 
 
 @functools.lru_cache(maxsize=None)
 def _cached_folded_constants(head_dim: int, size: Tuple[int, int], qk_dim: int, dtype: torch.dtype,
-                             device: torch.device):
-    """``_folded_constants`` made once per geometry, dtype and device (as ``_cached_offsets``)."""
+                             table_dtype: torch.dtype, device: torch.device):
+    """``_folded_constants`` made once per geometry, dtypes and device (as ``_cached_offsets``)."""
     with torch.inference_mode(False):
-        return _folded_constants(head_dim, size, qk_dim, dtype, device)
+        return _folded_constants(head_dim, size, qk_dim, dtype, table_dtype, device)
 
 
 def _folded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos_h: torch.Tensor,
@@ -422,10 +431,10 @@ def _folded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos
     qk_dim, v_dim = folded_head_dims(C, size)
     constants = _folded_constants if torch.compiler.is_compiling() else _cached_folded_constants
     tables = [resize_rel_pos(t, 2 * n - 1) for t, n in zip((rel_pos_h, rel_pos_w), size)]
-    index, onehots, scaled_identity, zero = constants(C, tuple(size), qk_dim, tables[0].dtype, q.device)
+    index, onehots, scaled_identity, zero = constants(C, tuple(size), qk_dim, k.dtype, tables[0].dtype, q.device)
     projection = torch.cat([scaled_identity, tables[0].T, tables[1].T, zero], dim=1).to(q.dtype)
     q_folded = torch.matmul(q, projection).gather(-1, index.expand(B, heads, N, qk_dim))
-    k_folded = torch.cat([k, onehots.to(k.dtype).expand(B, heads, N, qk_dim - C)], dim=-1)
+    k_folded = torch.cat([k, onehots.expand(B, heads, N, qk_dim - C)], dim=-1)
     v_padded = F.pad(v, (0, v_dim - C)) if v_dim != C else v
     out = F.scaled_dot_product_attention(q_folded, k_folded, v_padded, dropout_p=dropout_p, scale=1.0)
     return out[..., :C] if v_dim != C else out
@@ -457,7 +466,7 @@ def attention_dtype(device_type: str, *tensors: torch.Tensor) -> torch.dtype:
     """The dtype attention computes in: autocast's for the device where it is on (as
     ``F.scaled_dot_product_attention`` would be cast), else the inputs' promoted dtype (a
     ``q_norm`` LayerNorm gives float32 q and k next to an fp16 v under CUDA autocast)."""
-    if torch.is_autocast_enabled(device_type):
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     dtype = tensors[0].dtype
     for t in tensors[1:]:
@@ -490,7 +499,7 @@ def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     B, heads, N, C = q.shape
     q_h, q_w = size
-    with torch.autocast(device_type=device_type, enabled=False):
+    with autocast_off(device_type):
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rel_pos_h, rel_pos_w))
         kernel = kernel or choose_kernel(device_type, dropout_p, needs_grad)
         if kernel == "folded":
