@@ -13,7 +13,7 @@ uncounted on the tensors' own device, meta tensors included), the padding copies
 operations. ``count_cuda_launches`` counts a function under it.
 
 Modelled: the GPU of ``CudaSDPARules`` (by default an H100 with torch 2.14's CUDA 13 build and
-cuDNN 9.16, where torch puts cuDNN first in the priority order, ``check_prefer_cudnn_attention``),
+cuDNN 9.24, where torch puts cuDNN first in the priority order, ``check_prefer_cudnn_attention``),
 dense 4-D inputs, no nested tensors, no GQA; what a rule checks that a tensor on the CPU cannot
 show (the device) is assumed true.
 """
@@ -40,7 +40,7 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 class CudaSDPARules:
     """What torch's SDPA rules read of the GPU and its libraries."""
     capability: tuple = (9, 0)
-    cudnn_version: int = 91600
+    cudnn_version: int = 92400  # torch 2.14.1's CUDA 13 wheels ship cuDNN 9.24 (torch.backends.cudnn.version())
     cudnn_frontend_d256: bool = True  # cuDNN frontend >= 1.24 (head dims up to 256 on sm90 / sm10x)
 
     @property
@@ -258,3 +258,26 @@ def count_cuda_launches(fn, *args, rules: CudaSDPARules = H100, **kwargs):
 def fused_in_training(calls: List[dict]) -> Optional[dict]:
     """The first training call that CUDA would run on the math backend, or None."""
     return next((c for c in calls if c["training"] and c["backend"] == "math"), None)
+
+
+def backbone_step_operations(name: str, size: int, batch: int, dtype: torch.dtype = torch.float16,
+                             rules: CudaSDPARules = H100, **model_args):
+    """A whole backbone's training step (``forward_features``, then the gradients of every
+    parameter from the mean square of the features) of ``name`` at ``size`` for ``batch``
+    images, with CUDA's dispatch emulated: (the ``LaunchCounter``, the SDPA calls). Built and run
+    on meta tensors in ``dtype`` (the weights too: autocast's per-weight casts, the same for any
+    attention, are left out), so it costs no memory and runs the GPU's kernel choices; a first
+    step makes the cached constants, the second is counted."""
+    import timm
+
+    with torch.device("meta"):
+        model = timm.create_model(name, img_size=size, num_classes=0, **model_args).to(dtype)
+    images = torch.empty(batch, 3, size, size, device="meta", dtype=dtype)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step():
+        loss = model.forward_features(images).float().square().mean()
+        torch.autograd.grad(loss, params, allow_unused=True)
+
+    step()
+    return count_cuda_launches(step, rules=rules)
