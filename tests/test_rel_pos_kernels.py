@@ -206,19 +206,20 @@ def test_launches_counted_on_meta_tensors_are_the_cpus():
             training_step_launches(3, (5, 4), "cpu", kernel=kernel, block_elements=block_elements).ops
 
 
-@pytest.mark.parametrize("kernel,device_type,block_elements", [("blocked", "cpu", 2 * 2 * 2 * 7 * 35), ("bias", "cuda", 2500)],
-                         ids=["blocked_row_blocks", "bias_in_calls"])
+@pytest.mark.parametrize("kernel,device_type,block_elements", [("blocked", "cpu", 2 * 2 * 2 * 7 * 35), ("bias", "cuda", 2500),
+                                                                ("folded", "cuda", None)],
+                         ids=["blocked_row_blocks", "bias_in_calls", "folded"])
 def test_a_training_step_compiles_without_a_graph_break(kernel, device_type, block_elements):
     """``torch.compile(fullgraph=True)`` (a graph break is an error) of the forward and its
     backward with blocks of grid rows (the CPU's global grid at 1024 takes them; here blocks of 2
-    rows of both images) and with the GPU's calls of whole maps (2 here): eager's output and
-    gradients to 1e-5."""
+    rows of both images), with the ``bias`` calls of whole maps (2 here) and with ``folded``:
+    eager's output and gradients to 1e-5."""
     import torch._dynamo
 
     tensors, size = inputs("global")
     if kernel == "blocked":
         assert rel_pos._query_blocks(2, 2, 5, 7, 35, block_elements)[1] == (slice(0, 2), slice(2, 4))
-    else:
+    elif kernel == "bias":
         assert bias_calls(2 * 2, 35, 35, block_elements) == 2
 
     def forward(*t):
