@@ -450,8 +450,8 @@ def test_attention_mode_times_every_kernel_and_checks_it_against_detectron2(tmp_
                                           "--repeats", "2", "--device", "cpu", "--json", str(tmp_path / "a.json")])
     rows = json.loads((tmp_path / "a.json").read_text())["rows"]
     assert rows == result["rows"]
-    names = ["flash, no bias", "detectron2 formula", "ours (default choice)", "ours: blocked", "ours: bias", "ours: flex",
-             "broken"]
+    names = ["flash, no bias", "detectron2 formula", "ours (default choice)", "ours: blocked", "ours: folded", "ours: bias",
+             "ours: flex", "broken"]
     assert [(r["case"], r["dtype"], r["kernel"]) for r in rows] == [
         (case, dtype, k) for case in ("global", "windows") for dtype in ("float32", "bfloat16") for k in names]
     assert {(r["case"], r["images"], tuple(r["grid"])) for r in rows} == {("global", 1, (4, 4)), ("windows", 1, (14, 14))}
@@ -471,6 +471,11 @@ def test_attention_mode_times_every_kernel_and_checks_it_against_detectron2(tmp_
             assert min(r["gradient_cosines"]) > (0.99999 if r["dtype"] == "float32" else 0.99), r
     by = {(r["case"], r["dtype"], r["kernel"]): r for r in rows}
     assert by["windows", "float32", "ours: blocked"]["saved_mib"] < by["windows", "float32", "ours: bias"]["saved_mib"]
+    for case in ("global", "windows"):  # emulated CUDA: the default is folded, fused, in fewer operations than bias
+        default, bias = by[case, "float32", "ours (default choice)"], by[case, "float32", "ours: bias"]
+        assert default["cuda_backends"] in (["cudnn"], ["flash"]) and bias["cuda_backends"] == ["efficient"]
+        assert default["cuda_training_operations"] < bias["cuda_training_operations"]
+        assert by[case, "float32", "ours: flex"]["cuda_training_operations"] is None
     for case in ("global", "windows"):  # the CPU's default is blocked: the counter sees the same operations
         default, blocked = by[case, "float32", "ours (default choice)"], by[case, "float32", "ours: blocked"]
         assert (default["forward_launches"], default["forward_backward_launches"]) == \

@@ -134,7 +134,7 @@ def test_window_padding_round_trips_and_windows_are_local():
     outputs of that window only."""
     heads, C = 2, 2
     qkv, bias = torch.randn(2, 5 * 7, 3 * heads * C), torch.randn(3 * heads * C)
-    windows = window_qkv(qkv, bias, (5, 7), 3, heads)
+    windows = torch.stack(window_qkv(qkv, bias, (5, 7), 3, heads))
     assert windows.shape == (3, 2 * 2 * 3, heads, 9, C)
     per_head = qkv.view(2, 5, 7, 3, heads, C).permute(3, 0, 4, 1, 2, 5)  # (q/k/v, image, head, row, col, C)
     as_grid = windows.view(3, 2, 6, heads, 3, 3, C)                          # (q/k/v, image, window, head, 3, 3, C)
@@ -146,7 +146,7 @@ def test_window_padding_round_trips_and_windows_are_local():
     for i in range(3):
         unwindowed = per_head[i].permute(0, 2, 3, 1, 4).reshape(2, 35, heads * C)
         assert torch.equal(merge_windows(windows[i], (5, 7), 3), unwindowed)
-    last = window_qkv(qkv, None, (5, 7), 3, heads).view(3, 2, 6, heads, 3, 3, C)[:, 0, 5]  # no bias: zeros
+    last = torch.stack(window_qkv(qkv, None, (5, 7), 3, heads)).view(3, 2, 6, heads, 3, 3, C)[:, 0, 5]  # no bias: zeros
     assert (last[:, :, 2] == 0).all() and (last[:, :, :, 1:] == 0).all()
 
     block = randomized(tiny(window_size=3, use_rel_pos=True)).units[1].blocks[1]  # windowed only
