@@ -27,15 +27,25 @@ ATTENTION = SDPA_OP.split("::")[1]  # its key in a count by operator
 
 
 def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
-    from fvcore.nn.jit_handles import get_shape
-
-    q, k, v = (get_shape(t) for t in inputs[:3])
+    """A flop handle (fvcore's and mmengine's signature: the traced call's input and output
+    values) for ``aten::scaled_dot_product_attention``: q @ k^T and attn @ v, multiply-adds."""
+    q, k, v = (t.type().sizes() for t in inputs[:3])
     *batch, n_q, d = q
     n_k, d_v = k[-2], v[-1]
     b = 1
     for s in batch:
         b *= s
     return b * n_q * n_k * d + b * n_q * n_k * d_v
+
+
+def count_attention_by_default(handles: Dict[str, Callable]) -> None:
+    """Add ``sdpa_flop_jit`` to a flop counter's table of default op handles, so that the
+    frameworks' own tools count fused attention: fvcore's ``flop_count._DEFAULT_SUPPORTED_OPS``
+    (detectron2's tools/analyze_model.py) and mmengine's
+    ``complexity_analysis._DEFAULT_SUPPORTED_FLOP_OPS`` (mmdet's and mmseg's get_flops.py) are the
+    tables their counters start from, the only place to add a handle for counters they build
+    themselves. A handle already there (a later release's own) is kept."""
+    handles.setdefault(SDPA_OP, sdpa_flop_jit)
 
 
 def count_params(model: nn.Module) -> int:

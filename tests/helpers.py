@@ -87,6 +87,28 @@ def trained_mmseg(tmp_path_factory):
     return root
 
 
+def scheduled_lrs(work_dir, steps):
+    """{step: lr} the config an mmengine run saved in ``work_dir`` asks for: its
+    ``optim_wrapper.optimizer.lr`` under its ``param_scheduler``, stepped by mmengine's own
+    schedulers on a lone parameter (layer decay aside), as logged at each of ``steps`` (the lr of
+    the iteration that ends at that step)."""
+    import glob
+
+    from mmengine.config import Config
+    from mmengine.registry import PARAM_SCHEDULERS
+
+    (path,) = glob.glob(os.path.join(str(work_dir), "*.py"))
+    cfg = Config.fromfile(path)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.optim_wrapper.optimizer.lr)
+    schedulers = [PARAM_SCHEDULERS.build(dict(s, optimizer=optimizer)) for s in cfg.param_scheduler]
+    lrs = {}
+    for step in range(1, max(steps) + 1):
+        lrs[step] = optimizer.param_groups[0]["lr"]
+        for scheduler in schedulers:
+            scheduler.step()
+    return {step: lrs[step] for step in steps}
+
+
 def lr_and_decay(model, optim_wrapper):
     """{parameter name: (lr, weight decay)} of the optimizer that mmengine's ``build_optim_wrapper``
     (what the Runner calls) builds for ``model`` from the config's ``optim_wrapper``."""

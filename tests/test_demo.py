@@ -115,6 +115,29 @@ def test_score_threshold_is_the_lowest_score_returned(d2_run):
     assert torch.equal(median, low[low > low.median()])
 
 
+def test_a_picture_with_nothing_above_the_threshold_says_so(d2_run, tmp_path, capsys):
+    """At a threshold no detection passes (scores are at most 1), the picture is the image with
+    the reason written across its top, in white on black, and the tool names the images; one
+    with detections carries no such band."""
+    demo = load_tool("demo")
+    folder, names = d2_val_images(d2_run)
+    image = rgb(folder / names[0])
+    for threshold, out in ((1.0, tmp_path / "none"), (LOW, tmp_path / "low")):
+        demo.run(demo.parse_args([D2_QUICKSTART, "--checkpoint", str(d2_run / "out" / "model_final.pth"), "--input",
+                                  str(folder / names[0]), "--output", str(out), "--score-threshold", str(threshold),
+                                  "--opts", *TEST_SIZE]))
+    message = "no detection scores above 1: lower --score-threshold to see weaker ones"
+    assert capsys.readouterr().out.strip() == f"1 of 1 images: {message} ({names[0]})"
+    picture = rgb(tmp_path / "none" / names[0].replace(".jpg", ".png"))
+    assert np.array_equal(picture, demo.say_on_image(image, message))
+    band = (picture != image).any(-1).any(-1).nonzero()[0]
+    assert band[0] == 0 and 10 < band[-1] + 1 < image.shape[0] // 2  # a few lines at the top, the rest untouched
+    assert np.array_equal(picture[band[-1] + 1:], image[band[-1] + 1:])
+    assert (picture[band] == 255).all(-1).sum() > 50 and (picture[band] == 0).all(-1).mean() > 0.5  # white on black
+    drawn = rgb(tmp_path / "low" / names[0].replace(".jpg", ".png"))
+    assert not (drawn[:band[-1] + 1] == 0).all(-1).mean() > 0.5
+
+
 def test_lazyconfig_predictor_predicts_as_the_evaluation_does(d2_run):
     """srvit_backbones.detectron2's DefaultPredictor for LazyConfigs, on a BGR image, returns what
     the model returns on the config's test DatasetMapper output (what tools/train_net.py

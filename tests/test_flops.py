@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from srvit_backbones import create_srvit
-from srvit_backbones.flops import count_flops, sdpa_flop_jit
+from srvit_backbones.flops import ATTENTION, SDPA_OP, count_by_operator, count_flops, sdpa_flop_jit
 from helpers import load_tool
 
 
@@ -52,12 +52,37 @@ def test_sdpa_is_counted_like_explicit_attention():
     expected = 2 * 3 * 10 * 12 * 8 + 2 * 3 * 10 * 12 * 5
     assert count_flops(Explicit(), (q, k, v)) == expected
     assert count_flops(Fused(), (q, k, v)) == expected
-    # the handle is what counts it: fvcore alone counts nothing for the fused op
+    # the handle is what counts it: fvcore without it counts nothing for the fused op
     from fvcore.nn import FlopCountAnalysis
 
-    assert FlopCountAnalysis(Fused(), (q, k, v)).unsupported_ops_warnings(False).total() == 0
-    assert FlopCountAnalysis(Fused(), (q, k, v)).set_op_handle(
-        "aten::scaled_dot_product_attention", sdpa_flop_jit).total() == expected
+    assert FlopCountAnalysis(Fused(), (q, k, v)).set_op_handle(SDPA_OP, None).total() == 0
+    assert FlopCountAnalysis(Fused(), (q, k, v)).set_op_handle(SDPA_OP, sdpa_flop_jit).total() == expected
+
+
+def test_the_frameworks_own_flop_counters_count_fused_attention():
+    """Importing the detectron2 adapter adds the handle to fvcore's default handles (detectron2's
+    tools/analyze_model.py builds its counter from them), importing an OpenMMLab adapter to
+    mmengine's (mmdet's and mmseg's get_flops.py call ``get_model_complexity_info``): their own
+    counters, built as those tools build them, count an SR-ViT's fused attention as our counter
+    does (the two matmuls it replaces)."""
+    from fvcore.nn import FlopCountAnalysis
+    from mmengine.analysis import FlopAnalyzer, get_model_complexity_info
+
+    import srvit_backbones.detectron2  # noqa: F401
+    import srvit_backbones.openmmlab  # noqa: F401
+
+    model = create_srvit("srvit_t_t2", img_size=64, embed_dim=32, num_heads=2, num_classes=0).eval()
+    image = torch.randn(1, 3, 64, 64)
+    ours = count_by_operator(model, (image,))
+    tokens, heads, head_dim = 16 + 1, 2, 16
+    per_application = heads * 2 * tokens * tokens * head_dim  # one block's global attention
+    assert ours[ATTENTION] > 0 and ours[ATTENTION] % per_application == 0
+    with torch.no_grad():
+        fvcore = FlopCountAnalysis(model, (image,)).unsupported_ops_warnings(False).by_operator()
+        mmengine = FlopAnalyzer(model, (image,)).unsupported_ops_warnings(False).by_operator()
+        total = get_model_complexity_info(model, inputs=(image,), show_table=False, show_arch=False)["flops"]
+    assert fvcore[ATTENTION] == mmengine[ATTENTION] == ours[ATTENTION]
+    assert total == sum(mmengine.values()) and total > sum(v for k, v in mmengine.items() if k != ATTENTION)
 
 
 # paper Table 4, whole models: config -> (variant, params (M), GFLOPs)

@@ -39,7 +39,7 @@ from srvit_backbones.models.rel_pos import is_rel_pos
 from srvit_backbones.openmmlab.hooks import Fp16CompressionHook
 from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg,
                      assert_mmengine_compiled_training_equals_eager, assert_mmengine_resume_restores, load_tool,
-                     randomize_routers, run, side_by_side, trained_detectron2, two_gloo_processes)
+                     randomize_routers, run, scheduled_lrs, side_by_side, trained_detectron2, two_gloo_processes)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, "mmdet_configs")
@@ -643,7 +643,7 @@ def test_det_inferencer_and_inference_detector(coco_root, trained):
     assert len(out["predictions"]) == 2 and all(len(p["bboxes"]) > 0 for p in out["predictions"])
 
 
-def test_demo_and_plot_curves_read_mmdet(coco_root, trained, tmp_path, monkeypatch):
+def test_demo_and_plot_curves_read_mmdet(coco_root, trained, tmp_path, monkeypatch, capsys):
     work, _ = trained
     monkeypatch.chdir(coco_root)  # the config's data_root (datasets/coco/) names the annotation file
     demo = load_tool("demo")
@@ -668,6 +668,23 @@ def test_demo_and_plot_curves_read_mmdet(coco_root, trained, tmp_path, monkeypat
     panels = plot.series(framework, records)
     assert framework == "mmdet" and set(panels["metric"]) == {"coco/bbox_mAP", "coco/segm_mAP"}
     assert "loss_rpn_cls" in panels["loss"] and len(panels["lr"]["lr"]) >= ITERS // 5
+    # drawn as detectron2's and mmseg's: the evaluation at its iteration, AP in percent ...
+    (evaluation,) = [r for r in records if "coco/bbox_mAP" in r]
+    assert evaluation["step"] == ITERS  # our configs log it by iteration (log_metric_by_epoch=False)
+    for metric in ("coco/bbox_mAP", "coco/segm_mAP"):
+        assert panels["metric"][metric] == [(ITERS, 100 * evaluation[metric])]
+    # ... and the config's lr schedule (mmengine's base_lr), not mmengine's "lr", the first
+    # parameter group's: under layer decay the most-decayed one
+    train = [r for r in records if "loss" in r]
+    steps, lrs = zip(*panels["lr"]["lr"])
+    assert list(steps) == [r["step"] for r in train] and list(lrs) == [r["base_lr"] for r in train]
+    assert lrs == pytest.approx(tuple(scheduled_lrs(work, steps).values()), rel=1e-6)
+    assert max(lrs) > 0.95 * 4e-4 and max(r["lr"] for r in train) < 0.1 * 4e-4
+    # a run logged by epoch (mmdet's default LoggerHook): its evaluation at step 0, drawn at the
+    # iteration it followed
+    by_epoch = [dict(r, step=0) if r is evaluation else r for r in records]
+    assert plot.series(framework, by_epoch)["metric"] == panels["metric"]
+    assert f"drawn at iteration {ITERS}" in capsys.readouterr().out
     out = str(tmp_path / "curves.png")
     plot.main([work, "--output", out])
     assert os.path.getsize(out) > 0

@@ -1,12 +1,14 @@
 """tools/plot_curves.py on the metrics of real short trainings (the ones test_demo.py draws from,
-shared through the session's temp folder): panels, lines and their data, and clear errors."""
+shared through the session's temp folder): panels, lines and their data (the config's lr
+schedule, each evaluation at its iteration, AP in percent), and clear errors. The mmdet
+quickstart's curves: test_mmdet.py, on its run."""
 import json
 import os
 import shutil
 
 import pytest
 from PIL import Image
-from helpers import load_tool, trained_detectron2, trained_mmseg
+from helpers import load_tool, scheduled_lrs, trained_detectron2, trained_mmseg
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +51,14 @@ def test_detectron2_metrics_json(d2_out, tmp_path, capsys):
     assert set(panels["loss"]) == {k for k in train[0] if k.startswith("loss_")} | {"total_loss"}
     assert panels["loss"]["total_loss"] == ([r["iteration"] for r in train], [r["total_loss"] for r in train])
     assert panels["learning rate"]["lr"] == ([r["iteration"] for r in train], [r["lr"] for r in train])
+    # detectron2 logs its largest parameter group's lr: the heads', at the config's lr and schedule
+    from detectron2.config import LazyConfig, instantiate
+
+    cfg = LazyConfig.load(str(d2_out / "config.yaml"))
+    multiplier = instantiate(cfg.lr_multiplier)
+    assert [r["lr"] for r in train] == pytest.approx(
+        [cfg.optimizer.lr * multiplier(r["iteration"] / cfg.train.max_iter) for r in train], rel=1e-6)
+    assert evals[0]["iteration"] == cfg.train.max_iter - 1  # its last iteration (detectron2 counts from 0)
     for metric in ("bbox/AP", "segm/AP"):
         label = f"{metric}: {evals[0][metric]:.4g}"
         assert panels["evaluation"][label] == ([evals[0]["iteration"]], [evals[0][metric]])
@@ -73,7 +83,8 @@ def test_mmseg_scalars_json(seg_work, tmp_path):
         assert list(panels) == ["loss", "learning rate", "evaluation"]
         assert set(panels["loss"]) == {"loss", "decode.loss_ce", "aux.loss_ce"}
         assert panels["loss"]["decode.loss_ce"] == ([1, 2, 3, 4], [r["decode.loss_ce"] for r in train])
-        assert panels["learning rate"]["lr"] == ([1, 2, 3, 4], [r["lr"] for r in train])
+        assert panels["learning rate"]["lr"] == ([1, 2, 3, 4], [r["base_lr"] for r in train])
+        assert [r["base_lr"] for r in train] == pytest.approx(list(scheduled_lrs(seg_work, [1, 2, 3, 4]).values()))
         assert set(panels["evaluation"]) == {f"{m}: {evals[0][m]:.4g}" for m in ("mIoU", "mAcc", "aAcc")}
         assert panels["evaluation"][f"mIoU: {evals[0]['mIoU']:.4g}"] == ([4], [evals[0]["mIoU"]])
     assert load_tool("plot_curves").plot_curves(str(scalars))[1] == str(scalars.parent / "curves.png")

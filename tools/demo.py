@@ -294,6 +294,33 @@ class MMSegDemo:
         return out["visualization"], out["predictions"]
 
 
+def nothing_above(threshold):
+    """What a detection picture with nothing drawn on it says."""
+    return f"no detection scores above {threshold:g}: lower --score-threshold to see weaker ones"
+
+
+def say_on_image(image, text):
+    """``image`` (an RGB array) with ``text`` written in white across its top on a black band,
+    wrapped to the image's width."""
+    from PIL import ImageDraw, ImageFont
+
+    picture = Image.fromarray(image)
+    draw = ImageDraw.Draw(picture)
+    font = ImageFont.load_default(size=max(10, picture.width // 40))
+    lines = [""]
+    for word in text.split():
+        candidate = f"{lines[-1]} {word}".strip()
+        if lines[-1] and draw.textlength(candidate, font=font) > picture.width - 8:
+            lines.append(word)
+        else:
+            lines[-1] = candidate
+    text = "\n".join(lines)
+    bottom = draw.multiline_textbbox((4, 4), text, font=font)[3]
+    draw.rectangle((0, 0, picture.width, bottom + 4), fill=(0, 0, 0))
+    draw.multiline_text((4, 4), text, fill=(255, 255, 255), font=font)
+    return np.asarray(picture)
+
+
 def build_demo(args):
     framework, config = resolve(args.config, args.framework)
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
@@ -316,9 +343,12 @@ def run(args):
     names = relative_names(paths)
     demo = build_demo(args)
     detection = isinstance(demo, (Detectron2Demo, MMDetDemo))
-    drawn, raw, results = [], [], []
+    drawn, raw, results, empty = [], [], [], []
     for image_id, (path, name) in enumerate(tqdm(list(zip(paths, names)), desc="demo", unit="image")):
         drawn_image, prediction = demo.predict(path)
+        if detection and len(prediction) == 0:  # a picture with nothing drawn says why
+            drawn_image = say_on_image(drawn_image, nothing_above(args.score_threshold))
+            empty.append(name)
         png = os.path.splitext(name)[0] + ".png"
         out = os.path.join(args.output, png)
         os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -332,6 +362,9 @@ def run(args):
             Image.fromarray(prediction.astype(np.uint8 if prediction.max(initial=0) < 256 else np.uint16)) \
                 .save(label_file)
             raw.append(label_file)
+    if empty:
+        print(f"{len(empty)} of {len(paths)} images: {nothing_above(args.score_threshold)} ({', '.join(empty[:5])}"
+              f"{', ...' if len(empty) > 5 else ''})")
     if args.save_raw and detection:
         raw.append(os.path.join(args.output, "predictions.json"))
         with open(raw[0], "w") as f:

@@ -10,6 +10,12 @@ iterations, from a Detectron2 run's ``metrics.json`` or an MMSegmentation / MMDe
 An mmengine work dir (mmseg, mmdet) holds one ``TIMESTAMP/vis_data/scalars.json`` per run (a
 resumed run adds one): they are joined in time order, a later run's value winning where runs
 overlap.
+
+The three frameworks are drawn alike: every evaluation at the iteration it followed, the
+learning rate of the config's schedule (the base lr: mmengine logs as ``lr`` the first parameter
+group's, under layer decay the most-decayed one, and as ``base_lr`` the optimizer's own; detectron2
+logs its largest group's, the heads' at the config lr), and AP in percent (mmdet's CocoMetric and
+LVISMetric log fractions; detectron2 and mmseg log percent).
 """
 import argparse
 import glob
@@ -20,7 +26,9 @@ from matplotlib.figure import Figure
 
 # headline evaluation metrics; detectron2 also logs per-class APs, not drawn
 METRICS = {"detectron2": ("bbox/AP", "segm/AP", "keypoints/AP", "sem_seg/mIoU", "panoptic_seg/PQ"),
-           "mmseg": ("mIoU", "mAcc", "aAcc"), "mmdet": ("coco/bbox_mAP", "coco/segm_mAP")}
+           "mmseg": ("mIoU", "mAcc", "aAcc"),
+           "mmdet": ("coco/bbox_mAP", "coco/segm_mAP", "lvis/bbox_AP", "lvis/segm_AP")}
+TO_PERCENT = {"detectron2": 1, "mmseg": 1, "mmdet": 100}  # mmdet's metrics are fractions
 ITERATION = {"detectron2": "iteration", "mmseg": "step", "mmdet": "step"}
 
 
@@ -64,21 +72,35 @@ def read_records(files):
 
 
 def series(framework, records):
-    """{panel: {name: [(iteration, value), ...]}} for the panels loss, lr and metric."""
+    """{panel: {name: [(iteration, value), ...]}} for the panels loss, lr and metric: the lr is
+    the base lr (mmengine's ``base_lr`` where it logs one), the metrics are in percent, each
+    evaluation at the iteration it followed."""
     it_key = ITERATION[framework]
     panels = {"loss": {}, "lr": {}, "metric": {}}
+    last_train_step = 0
     for record in records:
+        step = record[it_key]
+        evaluation = any(name in METRICS[framework] for name in record)
+        if framework != "detectron2" and evaluation and step < last_train_step:
+            # mmengine's LoggerHook(log_metric_by_epoch=True), mmdet's default, logs an
+            # evaluation at the epoch (0 in an iteration-based run): it follows its iteration's
+            # training record
+            print(f"note: an evaluation logged at step {step}, after iteration {last_train_step} (mmengine's "
+                  f"default_hooks.logger.log_metric_by_epoch=True): drawn at iteration {last_train_step}")
+            step = last_train_step
+        elif not evaluation:
+            last_train_step = step
         for name, value in record.items():
             if name in METRICS[framework]:
-                panel = "metric"
-            elif name == "lr":
-                panel = "lr"
+                panel, value = "metric", value * TO_PERCENT[framework]
+            elif name == ("base_lr" if "base_lr" in record else "lr"):
+                panel, name = "lr", "lr"
             elif "loss" in name:
                 panel = "loss"
             else:
                 continue
             points = panels[panel].setdefault(name, {})
-            points[record[it_key]] = value  # a later run's value wins
+            points[step] = value  # a later run's value wins
     return {panel: {name: sorted(points.items()) for name, points in named.items()}
             for panel, named in panels.items() if named}
 
@@ -94,6 +116,7 @@ def plot_curves(path, output=None):
     fig = Figure(figsize=(5 * len(panels), 4), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False, sharex=True)[0]
     titles = {"loss": "loss", "lr": "learning rate", "metric": "evaluation"}
+    units = {"lr": "base lr (the config's schedule)", "metric": "percent"}
     for ax, (panel, named) in zip(axes, panels.items()):
         for name, points in named.items():
             xs, ys = zip(*points)
@@ -103,6 +126,8 @@ def plot_curves(path, output=None):
                 ax.plot(xs, ys, label=name, linewidth=2 if name in ("total_loss", "loss") else 1)
         ax.set_title(titles[panel])
         ax.set_xlabel("iteration")
+        if panel in units:
+            ax.set_ylabel(units[panel])
         if panel == "loss" and all(y > 0 for points in named.values() for _, y in points):
             ax.set_yscale("log")
         ax.grid(alpha=0.3)

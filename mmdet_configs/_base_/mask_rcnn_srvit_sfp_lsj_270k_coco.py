@@ -98,7 +98,7 @@ train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=in
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 default_hooks = dict(
-    logger=dict(interval=50),
+    logger=dict(interval=50, log_metric_by_epoch=False),  # evaluations logged at their iteration (as mmseg's)
     checkpoint=dict(by_epoch=False, interval=interval, save_last=True, max_keep_ckpts=3))
 log_processor = dict(by_epoch=False)
 # gradients all-reduced in fp16 under DDP (detectron2's train.ddp.fp16_compression)
