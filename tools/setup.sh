@@ -86,7 +86,8 @@ else
   fi
   if [[ -z "$installed" ]]; then
     # sal-detectron2 ships only a cp310 wheel; its Python code is version-independent and
-    # nothing Mask R-CNN needs uses its compiled _C (see ENVIRONMENT.md).
+    # its compiled _C (for CPython 3.10, not loaded on 3.11) serves nothing Mask R-CNN needs:
+    # rotated boxes and deformable conv use it; COCO evaluation falls back to pycocotools'.
     D2_WHEEL="$WHEELS/sal_detectron2-0.7.2-py3-none-any.whl"
     if [[ ! -f "$D2_WHEEL" ]]; then
       TMP="$(mktemp -d)"
