@@ -3,7 +3,9 @@
 fvcore has no handle for ``aten::scaled_dot_product_attention``; ``sdpa_flop_jit`` counts
 it as the two matmuls it replaces (q @ k^T and attn @ v), so fused attention is counted
 like the explicit attention of the paper's models. ``attention_split`` keeps it apart, for
-figures (the paper's Table 4 detectors) that were counted without it.
+figures (the paper's Table 4 detectors) that were counted without it. The adapters add the
+handle to fvcore's and mmengine's default handles (``count_attention_by_default``), so that the
+frameworks' own tools (detectron2's analyze_model.py, mmdet's get_flops.py) count it too.
 
 fvcore counts by tracing, which runs the model: at detection sizes a recursive backbone's 20 to
 40 block applications are most of that time, though they are a handful of distinct computations

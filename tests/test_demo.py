@@ -133,7 +133,7 @@ def test_a_picture_with_nothing_above_the_threshold_says_so(d2_run, tmp_path, ca
     band = (picture != image).any(-1).any(-1).nonzero()[0]
     assert band[0] == 0 and 10 < band[-1] + 1 < image.shape[0] // 2  # a few lines at the top, the rest untouched
     assert np.array_equal(picture[band[-1] + 1:], image[band[-1] + 1:])
-    assert (picture[band] == 255).all(-1).sum() > 50 and (picture[band] == 0).all(-1).mean() > 0.5  # white on black
+    assert (picture[band] > 200).all(-1).sum() > 50 and (picture[band] == 0).all(-1).mean() > 0.5  # white on black
     drawn = rgb(tmp_path / "low" / names[0].replace(".jpg", ".png"))
     assert not (drawn[:band[-1] + 1] == 0).all(-1).mean() > 0.5
 

@@ -105,15 +105,39 @@ print(json.dumps({target: errors_of(target, argvs) for target, argvs in document
 """
 
 
+ANALYZE_MODEL = "/tools/analyze_model.py"  # detectron2's, run from a detectron2 checkout
+
+
 def tool_of(command):
-    """The tools/ script a command runs, "-m MODULE" for ``python -m``, else None."""
+    """The tools/ script a command runs, "-m MODULE" for ``python -m``, "mim run PACKAGE SCRIPT"
+    or detectron2's analyze_model.py (as the command names it) for the frameworks' own tools,
+    else None."""
     words = shlex.split(command)
     if words[:2] == ["python", "-m"]:
         return "-m " + words[2]
-    return next((w for w in words if w.startswith("tools/") and w.endswith(".py")), None)
+    if words[:2] == ["mim", "run"]:
+        return " ".join(words[:4])
+    return next((w for w in words if w.endswith(ANALYZE_MODEL) or w.startswith("tools/") and w.endswith(".py")), None)
+
+
+@functools.lru_cache(maxsize=None)
+def framework_tool(tool):
+    """The file a framework's own tool runs from, None where it is not installed: mim's SCRIPT.py
+    under PACKAGE/.mim/tools/; detectron2's tools/ beside the detectron2 package (a checkout
+    installed in place, or the PyPI snapshot sal-detectron2, which installs it there)."""
+    if tool.startswith("mim run "):
+        package, script = tool.split()[2:4]
+        root = os.path.join(os.path.dirname(importlib.util.find_spec(package).origin), ".mim", "tools")
+        found = glob.glob(os.path.join(root, "**", script + ".py"), recursive=True)
+    else:
+        checkout = os.path.dirname(os.path.dirname(importlib.util.find_spec("detectron2").origin))
+        found = [p for p in [checkout + ANALYZE_MODEL] if os.path.isfile(p)]
+    return found[0] if found else None
 
 
 def target_of(tool):
+    if tool.startswith("mim run ") or tool.endswith(ANALYZE_MODEL):
+        return framework_tool(tool)
     return tool if tool.startswith("-m ") else os.path.join(ROOT, tool)
 
 
@@ -126,7 +150,7 @@ def every_parse_error():
         tool = tool_of(command)
         if tool is not None:
             argvs.setdefault(tool, set()).add(tuple(documented_arguments(command, tool.split()[-1])))
-    argvs = {tool: sorted(a - {()}) for tool, a in argvs.items() if a - {()}}
+    argvs = {tool: sorted(a - {()}) for tool, a in argvs.items() if a - {()} and target_of(tool) is not None}
     proc = subprocess.run([sys.executable, "-c", PARSE_DOCUMENTED, json.dumps({target_of(t): a for t, a in argvs.items()})],
                           capture_output=True, text=True, cwd=ROOT, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -183,6 +207,12 @@ def test_command_names_existing_files_and_flags(page, command):
         spec = importlib.util.find_spec(module)
         assert spec is not None and spec.origin.startswith(ROOT), f"{page}: no module {module} in the checkout"
         assert_tool_accepts(page, command, tool_of(command))
+        return
+    tool = tool_of(command)
+    if tool is not None and (tool.startswith("mim run ") or tool.endswith(ANALYZE_MODEL)):
+        if framework_tool(tool) is None:
+            pytest.skip(f"{tool} is not installed here")
+        assert_tool_accepts(page, command, tool)
         return
     if words[0] == "mim":
         assert words[1] in ("train", "test") and words[2] in ("mmdet", "mmseg"), command

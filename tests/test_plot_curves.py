@@ -58,7 +58,7 @@ def test_detectron2_metrics_json(d2_out, tmp_path, capsys):
     multiplier = instantiate(cfg.lr_multiplier)
     assert [r["lr"] for r in train] == pytest.approx(
         [cfg.optimizer.lr * multiplier(r["iteration"] / cfg.train.max_iter) for r in train], rel=1e-6)
-    assert evals[0]["iteration"] == cfg.train.max_iter - 1  # its last iteration (detectron2 counts from 0)
+    assert evals[0]["iteration"] == cfg.train.max_iter  # the final evaluation, after the last iteration
     for metric in ("bbox/AP", "segm/AP"):
         label = f"{metric}: {evals[0][metric]:.4g}"
         assert panels["evaluation"][label] == ([evals[0]["iteration"]], [evals[0][metric]])
