@@ -5,16 +5,51 @@ averages the three at test time; detectron2's CascadeROIHeads (ViTDet's cascade)
 head, trained on the first stage's samples (proposals matched at IoU 0.5, as in Mask R-CNN) and
 run on the last stage's boxes. ``SingleMaskCascadeRoIHead`` is mmdet's head with that branch:
 the same parameters as detectron2's, the same training targets.
+
+It also trains the box stages as detectron2 does:
+- the gradient that each stage's box loss sends into the pooled features (hence the pyramid and
+  the backbone) is scaled by 1 / stages (detectron2's ``_ScaleGradient``), the box heads' own
+  gradients left whole: mmdet's ``stage_loss_weights`` would scale both;
+- the boxes a stage refines from ground-truth boxes added as proposals go on to the next stage
+  (mmdet drops them there and adds the ground truth again); with the later stages' sampler
+  ``PseudoSampler`` (every refined box, no ground truth added: vitdet_cascade_heads.py), stages 2
+  and 3 train on all the previous stage's refined boxes, as detectron2's do.
 """
+import torch
 from mmdet.models.roi_heads import CascadeRoIHead
 from mmdet.registry import MODELS
 from mmengine.model import ModuleList
 
 
+class _ScaleGradient(torch.autograd.Function):
+    """Identity forward; the gradient multiplied by ``scale`` backward."""
+
+    @staticmethod
+    def forward(ctx, features, scale):
+        ctx.scale = scale
+        return features.view_as(features)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale, None
+
+
 @MODELS.register_module()
 class SingleMaskCascadeRoIHead(CascadeRoIHead):
     """CascadeRoIHead with one mask head (detectron2's CascadeROIHeads): its loss from stage 0's
-    sampling results only, its prediction on the final boxes."""
+    sampling results only, its prediction on the final boxes; the box stages' gradient into the
+    features scaled by 1 / stages and the refined ground-truth boxes kept (detectron2's training)."""
+
+    def _bbox_forward(self, stage, x, rois) -> dict:
+        if self.training:  # RoI pooling is linear: scaling the maps' gradient scales the pooled features'
+            x = tuple(_ScaleGradient.apply(level, 1.0 / self.num_stages) for level in x)
+        return super()._bbox_forward(stage, x, rois)
+
+    def bbox_loss(self, stage, x, sampling_results) -> dict:
+        results = super().bbox_loss(stage, x, sampling_results)
+        for sampling_result in sampling_results:  # read next by refine_bboxes only, which drops the ones marked
+            sampling_result.pos_is_gt = torch.zeros_like(sampling_result.pos_is_gt)
+        return results
 
     def init_mask_head(self, mask_roi_extractor, mask_head) -> None:
         if isinstance(mask_head, list):
