@@ -1136,3 +1136,31 @@ def test_cascade_later_stages_train_on_every_refined_box_as_detectron2():
             previous_rois[:, 1:], deltas, max_shape=(SIZE, SIZE))], dim=1)
         assert not any(seen[stage][0])  # no ground truth added again
         assert torch.allclose(sorted_rows(seen[stage][1]), sorted_rows(refined), atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["cascade/cascade_mask_rcnn_srvit_s_t3_lsj.py", "lvis/cascade_mask_rcnn_srvit_s_t3_lsj.py"])
+def test_cascade_scores_are_the_mean_of_the_stages_probabilities_as_detectron2(name):
+    """detectron2's CascadeROIHeads scores the final boxes by the mean of the three stages'
+    probabilities (softmax; sigmoid with the federated loss: predict_probs, averaged in
+    detectron2/modeling/roi_heads/cascade_rcnn.py), where mmdet's CascadeRoIHead averages logits:
+    the scores the last head's activation gives are that mean."""
+    cfg = shrink(zoo_cfg(os.path.join(CONFIG_DIR, name)))
+    torch.manual_seed(0)
+    head = MODELS.build(dict(cfg.model.roi_head, train_cfg=cfg.model.train_cfg.rcnn, test_cfg=cfg.model.test_cfg.rcnn))
+    head.eval()
+    logits = []
+    for stage in head.bbox_head:
+        stage.register_forward_hook(lambda module, args, out: logits.append(out[0]))
+    features = tuple(torch.randn(2, CHANNELS, SIZE // s, SIZE // s) for s in (4, 8, 16, 32))
+    rois = torch.tensor([[0, 4.0, 4, 40, 30], [1, 10, 2, 60, 50], [1, 0, 0, 20, 20]])
+    metas = [dict(img_shape=(SIZE, SIZE))] * 2
+    with torch.no_grad():
+        _, cls_scores, _ = head._refine_roi(features, rois, metas, (1, 2))
+    last = head.bbox_head[-1]
+    if name.startswith("lvis"):
+        expected = torch.stack(logits).sigmoid().mean(0)[:, :-1]
+        got = last.loss_cls.get_activation(torch.cat(cls_scores))[:, :-1]
+    else:
+        expected, got = torch.stack(logits).softmax(-1).mean(0), torch.cat(cls_scores).softmax(-1)
+    assert len(logits) == 3 and not torch.allclose(logits[0], logits[1])
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-7)
