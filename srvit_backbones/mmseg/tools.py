@@ -3,7 +3,7 @@ missing ADE20K looks like."""
 from mmengine.config import Config
 
 from ..openmmlab import tools as openmmlab_tools
-from ..openmmlab.tools import apply_amp  # noqa: F401  (the tools' import)
+from ..openmmlab.tools import apply_amp, prepare_training  # noqa: F401  (the tools' imports)
 
 
 def load_config(args) -> Config:
