@@ -8,7 +8,7 @@ framework's own hooks; docs/faults.md has what each fault looks like and the mea
 import contextlib
 import datetime
 import os
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, List, Optional
 
 import torch
 
@@ -33,6 +33,10 @@ def collective_timeout(seconds: Optional[float] = None) -> datetime.timedelta:
     return datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S if seconds is None else seconds)
 
 
+class Diverged(FloatingPointError):
+    """A run stopped because it diverged, with ``divergence_message``'s explanation."""
+
+
 class CheckpointWriteError(OSError):
     """A checkpoint that could not be written: its file, the cause, and what is left on disk."""
 
@@ -45,7 +49,11 @@ def atomic_write(path: str, write: Callable[[object], None]) -> None:
     tmp = f"{path}.tmp"
     try:
         with open(tmp, "wb") as f:
-            write(f)
+            recorder = _ErrorRecordingFile(f)
+            try:
+                write(recorder)
+            except RuntimeError as e:  # torch.save's writer reports a failed write as "unexpected pos"
+                raise recorder.error or e
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -57,6 +65,23 @@ def atomic_write(path: str, write: Callable[[object], None]) -> None:
             getattr(e, "errno", None) or 0,
             f"checkpoint {path!r} was not written: {cause}. The checkpoints written before it are "
             f"complete and untouched; free disk space (or raise the file size limit) and resume") from e
+
+
+class _ErrorRecordingFile:
+    """A file whose first failed ``write`` (its OSError: the cause) is kept for the caller."""
+
+    def __init__(self, file):
+        self.file, self.error = file, None
+
+    def write(self, data):
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
 
 
 def atomic_torch_save(obj, path: str) -> None:
@@ -77,6 +102,28 @@ def divergence_message(what: str, iteration: int, last_checkpoint: Optional[str]
     kept = (f"the last checkpoint, {last_checkpoint!r}, was written before it: {resume} continues from it"
             if last_checkpoint else "no checkpoint was written before it: the run restarts from its initial weights")
     return f"{what} at iteration {iteration}: training stopped; {kept}. Try: " + "; ".join(fixes) + "."
+
+
+def non_finite_tensors(state_dict) -> List[str]:
+    """The names of ``state_dict``'s floating-point tensors holding a NaN or an infinity (one
+    device sync for all of them)."""
+    names = [name for name, value in state_dict.items() if torch.is_tensor(value) and value.is_floating_point()]
+    if not names:
+        return []
+    finite = torch.stack([torch.isfinite(state_dict[name]).all().cpu() for name in names]).tolist()
+    return [name for name, ok in zip(names, finite) if not ok]
+
+
+def refuse_non_finite_weights(state_dict, iteration: int, last_checkpoint: Optional[str], resume: str,
+                              fixes: Iterable[str]) -> None:
+    """Raise Diverged (``divergence_message``) instead of saving weights that are not
+    finite: an optimizer step can poison the weights while the loss it came from was finite (the
+    loss check stops the run one iteration later), and such a checkpoint would replace a good one."""
+    bad = non_finite_tensors(state_dict)
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise Diverged(divergence_message(f"the weights became non-finite ({shown}) and were not saved",
+                                                    iteration, last_checkpoint, resume, fixes))
 
 
 class SkippedStepCounter:

@@ -221,6 +221,31 @@ def assert_mmengine_resume_restores(runner, ckpt_path, param_name, max_lr):
     return ckpt
 
 
+@contextlib.contextmanager
+def file_size_limit(nbytes: int):
+    """This process writes no file beyond ``nbytes`` (``ulimit -f``: what a disk filling up mid-write
+    does to a checkpoint); Python ignores the SIGXFSZ, so a write past it fails with EFBIG."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def divergence_report(message: str):
+    """(iteration, last checkpoint or None) of a ``faults.divergence_message``, which must also
+    name what to try."""
+    import re
+
+    match = re.search(r" at iteration (\d+): training stopped; (?:the last checkpoint, '(.+?)', was written|no "
+                      r"checkpoint was written).* Try: .*lr", message, re.S)
+    assert match, message
+    return int(match[1]), match[2]
+
+
 def interpolated_pos_embed(pos_embed, old_grid, new_grid, num_prefix_tokens=1, mode="bicubic"):
     """A (1, prefix + h*w, D) position table resized from the ``old_grid`` to the ``new_grid``,
     written out independently of the loaders: the prefix entries kept, the grid part

@@ -14,8 +14,9 @@ import os
 from detectron2.checkpoint import DetectionCheckpointer
 
 from ..checkpoint import extract_state_dict, load_pretrained, read_checkpoint
-from ..faults import atomic_torch_save, atomic_write_text
+from ..faults import atomic_torch_save, atomic_write_text, refuse_non_finite_weights
 from .backbone import SRViTBackbone
+from .faults import FIXES, last_checkpoint
 
 _DETECTOR_PREFIXES = ("backbone.", "proposal_generator.", "roi_heads.", "pixel_")
 
@@ -43,12 +44,14 @@ class SRViTCheckpointer(DetectionCheckpointer):
     def save(self, name: str, **kwargs) -> None:
         """``Checkpointer.save`` (the same file and contents) through ``faults.atomic_torch_save``:
         a failed write is a CheckpointWriteError naming the file and the cause, and
-        ``last_checkpoint`` moves to the new file only once it is complete. A save_dir behind
+        ``last_checkpoint`` moves to the new file only once it is complete. Non-finite weights
+        are not saved (``faults.refuse_non_finite_weights``): the run stops instead. A save_dir behind
         another storage (``manifold://``...) is written by fvcore as before."""
         if not self.save_dir or not self.save_to_disk or "://" in self.save_dir:
             return super().save(name, **kwargs)
         data = {"model": self.model.state_dict(), **{key: obj.state_dict() for key, obj in self.checkpointables.items()},
                 **kwargs}
+        refuse_non_finite_weights(data["model"], kwargs.get("iteration", -1), last_checkpoint(self), "--resume", FIXES)
         basename = f"{name}.pth"
         save_file = os.path.join(self.save_dir, basename)
         self.logger.info("Saving checkpoint to %s", save_file)

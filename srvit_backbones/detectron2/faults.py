@@ -6,7 +6,7 @@ import contextlib
 
 from detectron2.engine import HookBase
 
-from ..faults import MAX_CONSECUTIVE_SKIPPED_STEPS, SkippedStepCounter, divergence_message
+from ..faults import MAX_CONSECUTIVE_SKIPPED_STEPS, Diverged, SkippedStepCounter, divergence_message
 
 FIXES = ("a lower optimizer.lr (or a longer lr_multiplier.warmup_length)",
          "gradient clipping (detectron2.solver.build.maybe_add_gradient_clipping)",
@@ -14,7 +14,7 @@ FIXES = ("a lower optimizer.lr (or a longer lr_multiplier.warmup_length)",
 
 
 class DivergenceCheck(HookBase):
-    """Stops training (FloatingPointError) once the ``AMPTrainer``'s GradScaler has skipped more
+    """Stops training (``faults.Diverged``) once the ``AMPTrainer``'s GradScaler has skipped more
     than ``max_consecutive_skipped_steps`` optimizer steps in a row; a trainer without one is
     left alone. Register it before the PeriodicCheckpointer, so that a checkpoint is never
     written after such a step."""
@@ -25,7 +25,7 @@ class DivergenceCheck(HookBase):
 
     def after_step(self):
         if self.skipped.update(getattr(self.trainer, "grad_scaler", None)):
-            raise FloatingPointError(divergence_message(self.skipped.describe("the AMPTrainer's GradScaler"),
+            raise Diverged(divergence_message(self.skipped.describe("the AMPTrainer's GradScaler"),
                                                         self.trainer.iter, last_checkpoint(self.checkpointer),
                                                         "--resume", FIXES))
 
@@ -37,13 +37,13 @@ def last_checkpoint(checkpointer):
 
 @contextlib.contextmanager
 def explained_divergence(trainer):
-    """Re-raises detectron2's own non-finite-loss FloatingPointError with the iteration, the last
-    checkpoint (of ``trainer.checkpointer``, as detectron2's DefaultTrainer holds it) and what to try."""
+    """Re-raises the FloatingPointError of detectron2's own divergence checks (a non-finite loss;
+    non-finite predicted boxes in the ROI heads) with the iteration, the last checkpoint (of
+    ``trainer.checkpointer``, as detectron2's DefaultTrainer holds it) and what to try."""
     try:
         yield
     except FloatingPointError as e:
-        if "Loss became infinite or NaN" not in str(e):
+        if isinstance(e, Diverged):
             raise
-        loss = str(e).split("\n", 1)[-1]
-        raise FloatingPointError(divergence_message(f"the loss became non-finite ({loss})", trainer.iter,
-                                                    last_checkpoint(trainer.checkpointer), "--resume", FIXES)) from e
+        raise Diverged(divergence_message(f"the run diverged ({str(e).strip()})", trainer.iter,
+                                          last_checkpoint(trainer.checkpointer), "--resume", FIXES)) from e

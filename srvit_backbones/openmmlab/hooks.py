@@ -19,7 +19,8 @@ from mmengine.utils import mkdir_or_exist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from ..faults import MAX_CONSECUTIVE_SKIPPED_STEPS, SkippedStepCounter, atomic_write, divergence_message
+from ..faults import (MAX_CONSECUTIVE_SKIPPED_STEPS, Diverged, SkippedStepCounter, atomic_write, divergence_message,
+                      refuse_non_finite_weights)
 
 #: the ``backend_args`` backend that ``SRViTCheckpointHook`` writes local checkpoints with
 ATOMIC_LOCAL_BACKEND = "srvit_atomic_local"
@@ -65,7 +66,8 @@ class SRViTCheckpointHook(CheckpointHook):
       ``max_keep_ckpts=1``); here the old ones are removed after the new one is complete.
 
     ``last_checkpoint``, which ``--resume`` reads, is written only after the checkpoint is, so it
-    always names a complete file."""
+    always names a complete file. Non-finite weights are not saved: the run stops instead
+    (``faults.refuse_non_finite_weights``), so a checkpoint is never replaced by a diverged one."""
 
     def __init__(self, *args, out_dir=None, file_client_args=None, backend_args=None, **kwargs):
         if backend_args is None and file_client_args is None and "://" not in str(out_dir or ""):
@@ -74,6 +76,9 @@ class SRViTCheckpointHook(CheckpointHook):
                          **kwargs)
 
     def _save_checkpoint_with_step(self, runner, step, meta):
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        refuse_non_finite_weights(model.state_dict(), meta.get("iter", runner.iter), runner.message_hub.get_info(
+            "last_ckpt"), "--resume", divergence_fixes(runner))
         outdated = []
         self.file_backend.remove = outdated.append  # this backend object only: removals wait for the write
         try:
@@ -85,7 +90,7 @@ class SRViTCheckpointHook(CheckpointHook):
 
 
 class DivergenceCheckHook(Hook):
-    """Stops training (FloatingPointError) after an iteration whose loss is not finite, or once
+    """Stops training (``faults.Diverged``, a FloatingPointError) after an iteration whose loss is not finite, or once
     an ``AmpOptimWrapper``'s GradScaler has skipped more than ``max_consecutive_skipped_steps``
     optimizer steps in a row. Runs before the ``CheckpointHook``, so a diverged iteration is
     never saved: the last checkpoint the message names holds finite weights. mmengine reads
@@ -105,9 +110,14 @@ class DivergenceCheckHook(Hook):
 
     @staticmethod
     def _stop(runner, what: str) -> None:
-        fixes = ["a lower optim_wrapper.optimizer.lr (or a longer warmup in param_scheduler)",
-                 "gradient clipping: optim_wrapper.clip_grad=dict(max_norm=1.0)"]
-        if type(runner.optim_wrapper).__name__ == "AmpOptimWrapper":
-            fixes.append("fp32: optim_wrapper.type=OptimWrapper (or bf16: optim_wrapper.dtype=bfloat16)")
-        last = runner.message_hub.get_info("last_ckpt")
-        raise FloatingPointError(divergence_message(what, runner.iter + 1, last, "--resume", fixes))
+        raise Diverged(divergence_message(what, runner.iter + 1, runner.message_hub.get_info("last_ckpt"), "--resume",
+                                          divergence_fixes(runner)))
+
+
+def divergence_fixes(runner):
+    """What to try when a run of ``runner`` diverges, in its config's keys."""
+    fixes = ["a lower optim_wrapper.optimizer.lr (or a longer warmup in param_scheduler)",
+             "gradient clipping: optim_wrapper.clip_grad=dict(max_norm=1.0)"]
+    if type(runner.optim_wrapper).__name__ == "AmpOptimWrapper":
+        fixes.append("fp32: optim_wrapper.type=OptimWrapper (or bf16: optim_wrapper.dtype=bfloat16)")
+    return fixes

@@ -17,7 +17,8 @@ from timm.data import FastCollateMixup, Mixup, create_dataset, create_loader, re
 from timm.utils import accuracy
 
 from srvit_backbones import amp
-from srvit_backbones.faults import SkippedStepCounter, atomic_torch_save, divergence_message
+from srvit_backbones.faults import (Diverged, SkippedStepCounter, atomic_torch_save, divergence_message,
+                                    refuse_non_finite_weights)
 
 logger = logging.getLogger("srvit.pretrain")
 
@@ -163,7 +164,7 @@ def train_one_epoch(epoch, model, loader, optimizer, criterion, scheduler, args,
             # GradScaler.step already reads its inf check on the host every step: reading the scale adds no sync
             skipped = state.setdefault("skipped_steps", SkippedStepCounter())
             if skipped.update(loss_scaler._scaler):
-                raise FloatingPointError(diverged(skipped.describe(), state["global_iter"] + 1, args))
+                raise Diverged(diverged(skipped.describe(), state["global_iter"] + 1, args))
         else:
             loss.backward()
             if args.clip_grad:
@@ -177,7 +178,7 @@ def train_one_epoch(epoch, model, loader, optimizer, criterion, scheduler, args,
         if (i + 1) % args.log_interval != 0 and i + 1 != n_iters:
             continue
         if nonfinite.item():  # the logging period: the one sync
-            raise FloatingPointError(diverged(f"the loss was not finite in iterations {last_check + 1}..{i} of epoch "
+            raise Diverged(diverged(f"the loss was not finite in iterations {last_check + 1}..{i} of epoch "
                                               f"{epoch} (now {loss.item()})", state["global_iter"], args))
         nonfinite, last_check = None, i
         if is_main():
@@ -195,8 +196,11 @@ def diverged(what: str, iteration: int, args) -> str:
     end of an epoch whose losses were all finite) and what to try."""
     last = os.path.join(args.output, "last.pth")
     return divergence_message(what, iteration, last if os.path.isfile(last) else None, "--resume auto",
-                              ["a lower --lr (or more --warmup-epochs)", "gradient clipping: --clip-grad 1.0",
-                               "--amp bf16, or fp32: --amp none"])
+                              DIVERGENCE_FIXES)
+
+
+DIVERGENCE_FIXES = ("a lower --lr (or more --warmup-epochs)", "gradient clipping: --clip-grad 1.0",
+                    "--amp bf16, or fp32: --amp none")
 
 
 @torch.no_grad()
@@ -225,7 +229,10 @@ def evaluate(model, loader, args, max_iters: Optional[int] = None):
 
 def save_checkpoint(path, model, optimizer, scheduler, loss_scaler, epoch, best_top1, args, model_ema=None,
                     global_iter=0):
-    """Tensors and plain containers only: loads under torch's weights_only=True."""
+    """Tensors and plain containers only: loads under torch's weights_only=True. Non-finite
+    weights are not saved (``faults.refuse_non_finite_weights``): the run stops instead."""
+    refuse_non_finite_weights(unwrap(model).state_dict(), global_iter,
+                              path if os.path.isfile(path) else None, "--resume auto", DIVERGENCE_FIXES)
     ckpt = {
         "model": unwrap(model).state_dict(),
         "optimizer": optimizer.state_dict(),
