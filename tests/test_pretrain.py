@@ -13,7 +13,7 @@ from timm.data import auto_augment
 
 from srvit_backbones import create_srvit
 from srvit_backbones.pretrain import augment, engine, recipe, trainer
-from helpers import interpolated_pos_embed, load_tool
+from helpers import divergence_report, file_size_limit, interpolated_pos_embed, load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -477,3 +477,37 @@ def test_a_non_finite_loss_is_caught_at_the_logging_period(image_folder, tmp_pat
         engine.train_one_epoch(0, run.train_model, run.train_loader, run.optimizer, first_loss_nan, run.scheduler,
                                run.args, state=run.state)
     assert calls == [0, 1]  # the second step ran: nothing read the first loss before the period
+
+
+# ----------------------------------------------------------------------------- faults (issue 45)
+def test_a_diverged_run_stops_naming_the_last_checkpoint(image_folder, tmp_path):
+    """A real divergence (lr 1e6, checked every iteration): stopped at once, naming the iteration,
+    what to try and the last checkpoint, which holds finite weights (non-finite ones are not saved)."""
+    with pytest.raises(FloatingPointError) as error:
+        load_tool("pretrain").main(tiny_args(image_folder, tmp_path, "--epochs", "3", "--lr", "1e6",
+                                             "--warmup-epochs", "0", "--mixup", "0", "--cutmix", "0"))
+    iteration, last = divergence_report(str(error.value))
+    assert iteration <= 4 and "--lr" in str(error.value)
+    if last is not None:
+        assert last == str(tmp_path / "last.pth")
+        assert all(torch.isfinite(v).all() for v in torch.load(last, weights_only=True)["model"].values())
+
+
+def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(interrupted, image_folder, tmp_path):
+    """A full disk while last.pth is rewritten (ulimit -f): an error naming the file and the
+    cause, the earlier last.pth untouched; --resume auto then ends where the uninterrupted run ends."""
+    _, out, straight = interrupted
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out, resumed)
+    saved = (resumed / "last.pth").read_bytes()
+    argv = tiny_args(image_folder, resumed, *RESUME_ARGS, "--resume", "auto")
+    with file_size_limit(len(saved) // 2), \
+            pytest.raises(OSError, match=rf"'{resumed / 'last.pth'}' was not written: File too large"):
+        load_tool("pretrain").main(argv)
+    assert (resumed / "last.pth").read_bytes() == saved and not list(resumed.glob("*.tmp"))
+
+    load_tool("pretrain").main(argv)
+    got, expected = (torch.load(d / "last.pth", weights_only=True) for d in (resumed, straight))
+    assert got["global_iter"] == expected["global_iter"] == 6
+    assert_same_tensors(got["model"], expected["model"])
+
