@@ -46,6 +46,25 @@ def session_folder(tmp_path_factory, name):
         yield base / name
 
 
+def free_port() -> int:
+    """A TCP port free on the loopback address now (other test processes may be launching too)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(layout: str, port: int, node_rank: int = 0):
+    """The torchrun arguments of ``layout``, as the docs give them: '2x1' is 2 machines x 1
+    process on 127.0.0.1 (this one ``node_rank``), '1x2' is 1 machine x 2 processes."""
+    if layout == "2x1":
+        return ["-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank), "--nproc-per-node", "1",
+                "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    return ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+            str(port)]
+
+
 def side_by_side(*jobs):
     """The results of ``jobs`` (functions of no arguments, each running a subprocess), run at the
     same time, one thread each: independent runs overlap their imports and waits instead of

@@ -22,7 +22,7 @@ import srvit_backbones
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import CheckpointError, create_srvit
 from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg, assert_mmengine_resume_restores,
-                     divergence_report, file_size_limit,
+                     divergence_report, file_size_limit, free_port, torchrun,
                      interpolated_pos_embed, load_tool, side_by_side)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -322,6 +322,30 @@ def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(seg_root, trai
     assert (work / "iter_24.pth").read_bytes() == saved and not list(work.glob("*.pth.tmp"))
     assert (work / "last_checkpoint").read_text() == str(work / "iter_24.pth")
     check_resume_restores_state(seg_root, str(work), monkeypatch)
+
+
+def test_torchrun_on_cpus_two_machines_train_as_one_machine_two_processes(seg_root, tmp_path):
+    """tools/train_seg.py's own distributed path (torchrun ... --launcher pytorch, gloo), which
+    mmengine's init_dist cannot start without a GPU: as 2 machines x 1 process on 127.0.0.1 and as
+    1 machine x 2 processes, the same 2 steps from the same seed give the same weights."""
+    def train(layout, node_rank, port):
+        return run(seg_root, *torchrun(layout, port, node_rank), os.path.join(ROOT, "tools", "train_seg.py"),
+                   QUICKSTART, "--launcher", "pytorch", "--work-dir", str(tmp_path / layout), "--cfg-options",
+                   "env_cfg.dist_cfg.backend=gloo", "train_cfg.max_iters=2", "train_cfg.val_interval=1000",
+                   "default_hooks.logger.interval=1", "default_hooks.checkpoint.interval=2",
+                   "train_dataloader.batch_size=2", timeout=300)
+
+    two_ports = free_port(), free_port()
+    runs = side_by_side(functools.partial(train, "2x1", 0, two_ports[0]), functools.partial(train, "2x1", 1, two_ports[0]),
+                        functools.partial(train, "1x2", 0, two_ports[1]))
+    for proc, log in runs:
+        assert proc.returncode == 0, log[-3000:]
+    for _, log in (runs[0], runs[2]):  # rank 0's
+        assert "Distributed launcher: pytorch" in log and "GPU number: 2" in log  # mmengine's name for the world size
+    weights = [torch.load(tmp_path / layout / "iter_2.pth", map_location="cpu", weights_only=False)["state_dict"]
+               for layout in ("2x1", "1x2")]
+    assert weights[0].keys() == weights[1].keys()
+    assert [k for k in weights[0] if not torch.equal(weights[0][k], weights[1][k])] == []
 
 
 def test_mmengine_checkpoint_initialises_a_fresh_backbone(trained, tmp_path):
