@@ -65,6 +65,34 @@ def torchrun(layout: str, port: int, node_rank: int = 0):
             str(port)]
 
 
+def child_pids(pid: int):
+    """The processes ``pid`` started (torchrun's agent: its workers), from /proc."""
+    import glob as globbing
+
+    return [int(child) for path in globbing.glob(f"/proc/{pid}/task/*/children") for child in open(path).read().split()]
+
+
+def is_running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, dead but not yet reaped, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for_text(path, text: str, process, timeout: float = 300, poll: float = 0.05) -> None:
+    """Until the file ``path`` contains ``text`` (a log line the run of ``process``, a Popen, reached)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        if os.path.exists(path) and text in open(path, errors="replace").read():
+            return
+        time.sleep(poll)
+    raise TimeoutError(f"{text!r} never appeared in {path} (exit code {process.poll()})")
+
+
 def side_by_side(*jobs):
     """The results of ``jobs`` (functions of no arguments, each running a subprocess), run at the
     same time, one thread each: independent runs overlap their imports and waits instead of
