@@ -18,13 +18,12 @@ import os
 import sys
 
 from detectron2.config import instantiate
-from detectron2.engine import default_argument_parser, default_setup, default_writers, hooks, launch
+from detectron2.engine import default_argument_parser, default_setup, default_writers, hooks
 from detectron2.engine.defaults import create_ddp_model
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 
 from srvit_backbones.detectron2 import SRViTCheckpointer, faults, training, validate_config
-from srvit_backbones.faults import collective_timeout
 
 logger = logging.getLogger("srvit.train_net")
 
@@ -125,6 +124,4 @@ def parse_args(argv=None):
 
 
 if __name__ == "__main__":
-    args = parse_args()
-    launch(main, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
-           dist_url=args.dist_url, args=(args,), timeout=collective_timeout())
+    faults.launch(main, parse_args())
