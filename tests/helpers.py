@@ -293,6 +293,23 @@ def divergence_report(message: str):
     return int(match[1]), match[2]
 
 
+def assert_mmengine_run_stops_diverged(runner, work):
+    """``runner.train()`` (a real divergence, checkpoints every iteration in ``work``) stops
+    within 4 iterations naming the iteration, the config key to lower and the last checkpoint,
+    which holds finite weights; the diverged iteration was not saved."""
+    import pytest
+
+    with pytest.raises(FloatingPointError) as error:
+        runner.train()
+    iteration, last = divergence_report(str(error.value))
+    assert iteration <= 4 and "optim_wrapper.optimizer.lr" in str(error.value)
+    assert not (work / f"iter_{iteration}.pth").exists()
+    if last is not None:
+        assert last == str(work / f"iter_{iteration - 1}.pth")
+        weights = torch.load(last, map_location="cpu", weights_only=False)["state_dict"]
+        assert all(torch.isfinite(v).all() for v in weights.values() if v.is_floating_point())
+
+
 def interpolated_pos_embed(pos_embed, old_grid, new_grid, num_prefix_tokens=1, mode="bicubic"):
     """A (1, prefix + h*w, D) position table resized from the ``old_grid`` to the ``new_grid``,
     written out independently of the loaders: the prefix entries kept, the grid part

@@ -89,7 +89,8 @@ def test_a_grad_scaler_skipping_every_step_is_stopped_after_the_limit():
     stopped = scaled_steps(torch.amp.GradScaler("cpu"), lambda w: torch.sqrt(w).sum(), 100, counter)
     assert stopped == faults.MAX_CONSECUTIVE_SKIPPED_STEPS  # 0-based: the 21st skipped step
     assert counter.consecutive == counter.total == 21
-    assert "skipped 21 optimizer steps in a row" in counter.describe() and "more than the 20 allowed" in counter.describe()
+    message = counter.describe()
+    assert "skipped 21 optimizer steps in a row" in message and "more than the 20 allowed" in message
 
 
 def test_a_grad_scaler_settling_its_scale_is_left_alone():

@@ -49,8 +49,8 @@ class SRViTCheckpointer(DetectionCheckpointer):
         another storage (``manifold://``...) is written by fvcore as before."""
         if not self.save_dir or not self.save_to_disk or "://" in self.save_dir:
             return super().save(name, **kwargs)
-        data = {"model": self.model.state_dict(), **{key: obj.state_dict() for key, obj in self.checkpointables.items()},
-                **kwargs}
+        data = {"model": self.model.state_dict(),
+                **{key: obj.state_dict() for key, obj in self.checkpointables.items()}, **kwargs}
         refuse_non_finite_weights(data["model"], kwargs.get("iteration", -1), last_checkpoint(self), "--resume", FIXES)
         basename = f"{name}.pth"
         save_file = os.path.join(self.save_dir, basename)

@@ -66,6 +66,6 @@ def launch(main, args) -> None:
             raise SystemExit(f"rank {rank} (process {e.error_pid} on machine {args.machine_rank}) failed: the job is "
                              f"stopped; its error is above") from e
         how = f"was killed by signal {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
-        raise SystemExit(f"rank {rank} (process {e.error_pid} on machine {args.machine_rank}) {how}: the job is stopped; "
-                         f"continue it with --resume (the last complete checkpoint in train.output_dir)") from e
+        raise SystemExit(f"rank {rank} (process {e.error_pid} on machine {args.machine_rank}) {how}: the job is "
+                         f"stopped; continue it with --resume (the last complete checkpoint in train.output_dir)") from e
 
