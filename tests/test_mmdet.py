@@ -166,7 +166,8 @@ def test_flagship_holds_the_vitdet_recipe():
     warmup, cosine = cfg.param_scheduler
     assert (warmup.type, warmup.end, cosine.type, cosine.begin, cosine.end) == \
         ("LinearLR", 1000, "CosineAnnealingLR", 1000, 270000)
-    assert cfg.custom_hooks == [dict(type="Fp16CompressionHook")]
+    assert cfg.custom_hooks == [dict(type="Fp16CompressionHook"), dict(type="DivergenceCheckHook")]
+    assert cfg.default_hooks.checkpoint.type == "SRViTCheckpointHook"  # written whole or not at all
     # the detectron2 recipe, for the same variant
     d2 = LazyConfig.load(os.path.join(D2_CONFIGS, "mask_rcnn_srvit_s_t3.py"))
     assert (d2.train.max_iter, d2.optimizer.lr, d2.optimizer.weight_decay, d2.optimizer.params.lr_decay) == \
