@@ -110,7 +110,10 @@ def non_finite_tensors(state_dict) -> List[str]:
     names = [name for name, value in state_dict.items() if torch.is_tensor(value) and value.is_floating_point()]
     if not names:
         return []
-    finite = torch.stack([torch.isfinite(state_dict[name]).all().cpu() for name in names]).tolist()
+    flags = [torch.isfinite(state_dict[name]).all() for name in names]
+    if len({flag.device for flag in flags}) > 1:  # a model split over devices: one sync per device
+        flags = [flag.cpu() for flag in flags]
+    finite = torch.stack(flags).tolist()
     return [name for name, ok in zip(names, finite) if not ok]
 
 
