@@ -39,8 +39,9 @@ from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.rel_pos import is_rel_pos
 from srvit_backbones.openmmlab.hooks import Fp16CompressionHook
 from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg,
-                     assert_mmengine_compiled_training_equals_eager, assert_mmengine_resume_restores, load_tool,
-                     randomize_routers, run, side_by_side, trained_detectron2, two_gloo_processes)
+                     assert_mmengine_compiled_training_equals_eager, assert_mmengine_resume_restores,
+                     assert_mmengine_run_stops_diverged, load_tool, randomize_routers, run, side_by_side,
+                     trained_detectron2, two_gloo_processes)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, "mmdet_configs")
@@ -165,7 +166,8 @@ def test_flagship_holds_the_vitdet_recipe():
     warmup, cosine = cfg.param_scheduler
     assert (warmup.type, warmup.end, cosine.type, cosine.begin, cosine.end) == \
         ("LinearLR", 1000, "CosineAnnealingLR", 1000, 270000)
-    assert cfg.custom_hooks == [dict(type="Fp16CompressionHook")]
+    assert cfg.custom_hooks == [dict(type="Fp16CompressionHook"), dict(type="DivergenceCheckHook")]
+    assert cfg.default_hooks.checkpoint.type == "SRViTCheckpointHook"  # written whole or not at all
     # the detectron2 recipe, for the same variant
     d2 = LazyConfig.load(os.path.join(D2_CONFIGS, "mask_rcnn_srvit_s_t3.py"))
     assert (d2.train.max_iter, d2.optimizer.lr, d2.optimizer.weight_decay, d2.optimizer.params.lr_decay) == \
@@ -530,6 +532,19 @@ def trained(coco_root):
                     "--cfg-options", *SMALL, *SCHEDULE)
     assert proc.returncode == 0, log[-3000:]
     return work, log
+
+
+def test_a_diverged_run_stops_at_once_naming_the_last_checkpoint(coco_root, tmp_path, monkeypatch):
+    """A real divergence (lr 1e6) through tools/train_det.py's Runner: the DivergenceCheckHook
+    stops it within a few iterations, naming the iteration, the last checkpoint (finite weights)
+    and what to try."""
+    monkeypatch.chdir(coco_root)
+    work = tmp_path / "work"
+    runner = load_tool("train_det").build_runner([QUICKSTART, "--work-dir", str(work), "--cfg-options", *SMALL,
+                                                  "train_cfg.max_iters=8", "train_cfg.val_interval=8",
+                                                  "default_hooks.checkpoint.interval=1",
+                                                  "optim_wrapper.optimizer.lr=1e6"])
+    assert_mmengine_run_stops_diverged(runner, work)
 
 
 def test_quickstart_learns(trained):
