@@ -46,6 +46,53 @@ def session_folder(tmp_path_factory, name):
         yield base / name
 
 
+def free_port() -> int:
+    """A TCP port free on the loopback address now (other test processes may be launching too)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(layout: str, port: int, node_rank: int = 0):
+    """The torchrun arguments of ``layout``, as the docs give them: '2x1' is 2 machines x 1
+    process on 127.0.0.1 (this one ``node_rank``), '1x2' is 1 machine x 2 processes."""
+    if layout == "2x1":
+        return ["-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank), "--nproc-per-node", "1",
+                "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    return ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+            str(port)]
+
+
+def child_pids(pid: int):
+    """The processes ``pid`` started (torchrun's agent: its workers), from /proc."""
+    import glob as globbing
+
+    return [int(child) for path in globbing.glob(f"/proc/{pid}/task/*/children") for child in open(path).read().split()]
+
+
+def is_running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, dead but not yet reaped, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for_text(path, text: str, process, timeout: float = 300, poll: float = 0.05) -> None:
+    """Until the file ``path`` contains ``text`` (a log line the run of ``process``, a Popen, reached)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        if os.path.exists(path) and text in open(path, errors="replace").read():
+            return
+        time.sleep(poll)
+    raise TimeoutError(f"{text!r} never appeared in {path} (exit code {process.poll()})")
+
+
 def side_by_side(*jobs):
     """The results of ``jobs`` (functions of no arguments, each running a subprocess), run at the
     same time, one thread each: independent runs overlap their imports and waits instead of
@@ -241,6 +288,48 @@ def assert_mmengine_resume_restores(runner, ckpt_path, param_name, max_lr):
         assert torch.equal(state[key], saved_state[key]), key
     assert [s.last_step for s in runner.param_schedulers] == [s["last_step"] for s in ckpt["param_schedulers"]]
     return ckpt
+
+
+@contextlib.contextmanager
+def file_size_limit(nbytes: int):
+    """This process writes no file beyond ``nbytes`` (``ulimit -f``: what a disk filling up mid-write
+    does to a checkpoint); Python ignores the SIGXFSZ, so a write past it fails with EFBIG."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def divergence_report(message: str):
+    """(iteration, last checkpoint or None) of a ``faults.divergence_message``, which must also
+    name what to try."""
+    import re
+
+    match = re.search(r" at iteration (\d+): training stopped; (?:the last checkpoint, '(.+?)', was written|no "
+                      r"checkpoint was written).* Try: .*lr", message, re.S)
+    assert match, message
+    return int(match[1]), match[2]
+
+
+def assert_mmengine_run_stops_diverged(runner, work):
+    """``runner.train()`` (a real divergence, checkpoints every iteration in ``work``) stops
+    within 4 iterations naming the iteration, the config key to lower and the last checkpoint,
+    which holds finite weights; the diverged iteration was not saved."""
+    import pytest
+
+    with pytest.raises(FloatingPointError) as error:
+        runner.train()
+    iteration, last = divergence_report(str(error.value))
+    assert iteration <= 4 and "optim_wrapper.optimizer.lr" in str(error.value)
+    assert not (work / f"iter_{iteration}.pth").exists()
+    if last is not None:
+        assert last == str(work / f"iter_{iteration - 1}.pth")
+        weights = torch.load(last, map_location="cpu", weights_only=False)["state_dict"]
+        assert all(torch.isfinite(v).all() for v in weights.values() if v.is_floating_point())
 
 
 def interpolated_pos_embed(pos_embed, old_grid, new_grid, num_prefix_tokens=1, mode="bicubic"):

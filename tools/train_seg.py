@@ -11,7 +11,7 @@ import argparse
 from mmengine.config import DictAction
 from mmengine.runner import Runner
 
-from srvit_backbones.mmseg.tools import apply_amp, check_compile, check_data, load_config
+from srvit_backbones.mmseg.tools import apply_amp, check_compile, check_data, load_config, prepare_training
 
 
 def parse_args(argv=None):
@@ -36,6 +36,7 @@ def build_runner(argv=None) -> Runner:
     check_compile(cfg)
     cfg.resume = args.resume
     check_data(cfg, ("train_dataloader", "val_dataloader"))
+    prepare_training(cfg)
     return Runner.from_cfg(cfg)
 
 

@@ -99,8 +99,10 @@ val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 default_hooks = dict(
     logger=dict(interval=50, log_metric_by_epoch=False),  # evaluations logged at their iteration (as mmseg's)
-    checkpoint=dict(by_epoch=False, interval=interval, save_last=True, max_keep_ckpts=3))
+    # written whole or not at all (docs/faults.md)
+    checkpoint=dict(type='SRViTCheckpointHook', by_epoch=False, interval=interval, save_last=True, max_keep_ckpts=3))
 log_processor = dict(by_epoch=False)
 # gradients all-reduced in fp16 under DDP (detectron2's train.ddp.fp16_compression)
-custom_hooks = [dict(type='Fp16CompressionHook')]
+# and a diverged run stopped (DivergenceCheckHook, docs/faults.md)
+custom_hooks = [dict(type='Fp16CompressionHook'), dict(type='DivergenceCheckHook')]
 auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -85,3 +85,6 @@ param_scheduler = [
 train_dataloader = dict(batch_size=2)  # x 8 GPUs = 16
 val_dataloader = dict(batch_size=1)
 test_dataloader = val_dataloader
+# faults (docs/faults.md): checkpoints written whole or not at all, a diverged run stopped
+default_hooks = dict(checkpoint=dict(type='SRViTCheckpointHook'))
+custom_hooks = [dict(type='DivergenceCheckHook')]

@@ -3,7 +3,7 @@ missing ADE20K looks like."""
 from mmengine.config import Config
 
 from ..openmmlab import tools as openmmlab_tools
-from ..openmmlab.tools import apply_amp, check_compile  # noqa: F401  (the tools' imports)
+from ..openmmlab.tools import apply_amp, check_compile, prepare_training  # noqa: F401  (the tools' imports)
 
 
 def load_config(args) -> Config:
