@@ -6,12 +6,14 @@
     python tools/train_net.py --config ... --eval-only train.init_checkpoint=output/model_final.pth
     python tools/train_net.py --config ... --resume                 # continue from output_dir
     python tools/train_net.py --config ... train.max_iter=1000 dataloader.train.total_batch_size=8
+    python tools/train_net.py --config ... --coco-train train.json train/ --coco-val val.json val/   # your data
 
 Configs are found by path, or by name through the installed package
 (``--config mask_rcnn_srvit_s_t3.py``). ``train.init_checkpoint`` takes a
 ``tools/pretrain.py`` checkpoint, a timm DeiT state dict, or a detectron2 checkpoint; a
 pretraining checkpoint that lacks backbone weights is refused unless
-``model.backbone.net.allow_partial=True``.
+``model.backbone.net.allow_partial=True``. The datasets' files are checked before the model is
+built (tools/check_data.py's check; ``--skip-data-check`` skips it).
 """
 import logging
 import os
@@ -23,7 +25,8 @@ from detectron2.engine.defaults import create_ddp_model
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 
-from srvit_backbones.detectron2 import SRViTCheckpointer, training, validate_config
+from srvit_backbones.data_check import run_check
+from srvit_backbones.detectron2 import SRViTCheckpointer, custom_data, training, validate_config
 
 logger = logging.getLogger("srvit.train_net")
 
@@ -98,9 +101,17 @@ def do_train(args, cfg):
 def load_config(args):
     """The config named by ``args`` (a path or a shipped name) with its ``key=value`` overrides."""
     try:
-        return training.load_config(args.config_file, args.opts)
-    except FileNotFoundError as e:
-        sys.exit(str(e))
+        return training.load_config(args.config_file, args.opts, args.coco_train, args.coco_val)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"config error: {e}")
+
+
+def check_data(args):
+    """The data check of tools/check_data.py, once, before the processes start."""
+    if not args.skip_data_check:
+        cfg = load_config(args)
+        check_config(cfg)
+        run_check(custom_data.data_splits(cfg), "--skip-data-check")
 
 
 def main(args):
@@ -115,6 +126,13 @@ def main(args):
 def parse_args(argv=None):
     parser = default_argument_parser(epilog=__doc__)
     parser.add_argument("--config", dest="config_file", metavar="FILE", help="alias of --config-file")
+    parser.add_argument("--coco-train", nargs=2, metavar=("JSON", "IMAGES"),
+                        help="train on this COCO-format file and image folder (registered as custom_train; "
+                             "model.roi_heads.num_classes follows its categories)")
+    parser.add_argument("--coco-val", nargs=2, metavar=("JSON", "IMAGES"),
+                        help="evaluate on this one (custom_val; default: the training split)")
+    parser.add_argument("--skip-data-check", action="store_true",
+                        help="do not read every image header and annotation before training")
     args = parser.parse_args(argv)
     if not args.config_file:
         parser.error("--config (or --config-file) is required")
@@ -123,5 +141,6 @@ def parse_args(argv=None):
 
 if __name__ == "__main__":
     args = parse_args()
+    check_data(args)
     launch(main, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
            dist_url=args.dist_url, args=(args,))

@@ -2,12 +2,26 @@
 (pretraining / timm DeiT) checkpoints and mmengine ones (an mmdet or mmseg model's
 ``iter_N.pth``) and loads their backbone into the SR-ViT backbone through the
 package's one conversion path (keys mapped, head dropped, position embedding resized),
-logging what did not load. Detectron2's own checkpoints (resume, eval) load as usual.
+logging what did not load. Every other file (detectron2's own checkpoints, model-zoo ``.pkl``
+files, any state dict) loads as detectron2 loads it, but completely or not at all, as mmdet and
+mmseg load: a file that lacks (part of) the SR-ViT backbone is refused unless ``allow_partial``,
+and a tensor of another shape is refused, except the class-dependent layers of a detector
+trained on other classes, which start from their initialisation (fine-tuning a COCO detector
+into a 3-class one) and are listed in the log.
 """
-from detectron2.checkpoint import DetectionCheckpointer
+import re
 
-from ..checkpoint import extract_state_dict, load_pretrained, read_checkpoint
+from detectron2.checkpoint import DetectionCheckpointer
+from detectron2.checkpoint.c2_model_loading import align_and_update_state_dicts
+
+from ..checkpoint import (CheckpointError, LoadReport, convert_state_dict, extract_state_dict, group_keys,
+                          load_pretrained, read_checkpoint)
 from .backbone import SRViTBackbone
+
+#: the layers whose size follows the number of classes: box classifier and regression (per
+#: cascade stage), mask predictor
+CLASS_DEPENDENT = re.compile(r"^roi_heads\.(box_predictor(\.\d+)?\.(cls_score|bbox_pred)|mask_head\.predictor)"
+                             r"\.(weight|bias)$")
 
 _DETECTOR_PREFIXES = ("backbone.", "proposal_generator.", "roi_heads.", "pixel_")
 
@@ -41,6 +55,7 @@ class SRViTCheckpointer(DetectionCheckpointer):
 
     def _load_model(self, checkpoint):
         if not checkpoint.pop("__srvit_core__", False):
+            self._require_fit(checkpoint)
             return super()._load_model(checkpoint)
         backbones = [m for m in self.model.modules() if isinstance(m, SRViTBackbone)]
         if not backbones:
@@ -51,3 +66,70 @@ class SRViTCheckpointer(DetectionCheckpointer):
                             allow_partial=backbone.allow_partial, log=self.logger)
         self.logger.info("Detector parts outside the backbone start from their initialisation.")
         return None
+
+    def _srvit_backbones(self):
+        """(state-dict prefix of the core model, SRViTBackbone) of each SR-ViT backbone."""
+        return [(f"{name}.srvit." if name else "srvit.", m) for name, m in self.model.named_modules()
+                if isinstance(m, SRViTBackbone)]
+
+    def _resize_backbone_tables(self, weights) -> None:
+        """The backbone's position table and relative-position tables of a detector trained at
+        another input size resized to this model's (the core's conversion), in place."""
+        for prefix, backbone in self._srvit_backbones():
+            inside = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+            if "pos_embed" not in inside:
+                continue
+            report = LoadReport()
+            converted = convert_state_dict(inside, backbone.srvit, report)
+            for note in report.notes:
+                self.logger.info("SR-ViT backbone %s: %s", prefix, note)
+            weights.update({prefix + k: v for k, v in converted.items()})
+
+    def _require_fit(self, checkpoint) -> None:
+        """A detectron2-format checkpoint against the model, before it loads: every SR-ViT backbone
+        tensor present (unless the backbone's ``allow_partial``) and every tensor of the model's
+        shape, except the class-dependent layers (``CLASS_DEPENDENT``), which are taken out of
+        the checkpoint so that they keep their initialisation, and logged. ``CheckpointError``
+        otherwise, naming the tensors."""
+        if checkpoint.get("matching_heuristics", False):  # detectron2's name matching, done here
+            self._convert_ndarray_to_tensor(checkpoint["model"])
+            checkpoint["model"] = align_and_update_state_dicts(self.model.state_dict(), checkpoint["model"],
+                                                               c2_conversion=checkpoint.get("__author__") == "Caffe2")
+            checkpoint["matching_heuristics"] = False
+        weights = checkpoint["model"]
+        if weights and all(k.startswith("module.") for k in weights):
+            weights = checkpoint["model"] = {k[len("module."):]: v for k, v in weights.items()}
+        self._resize_backbone_tables(weights)
+        model_sd = self.model.state_dict()
+        mismatched = [k for k, v in weights.items() if k in model_sd and tuple(v.shape) != tuple(model_sd[k].shape)]
+        reinitialised = [k for k in mismatched if CLASS_DEPENDENT.match(k)]
+        others = [k for k in mismatched if k not in reinitialised]
+        if others:
+            raise CheckpointError(
+                f"{len(others)} tensors of the checkpoint have another shape than the model's (only the "
+                f"class-dependent layers of the box and mask predictors may differ, for fine-tuning on other "
+                f"classes):\n  " + "\n  ".join(f"{k}: checkpoint {tuple(weights[k].shape)} vs model "
+                                                 f"{tuple(model_sd[k].shape)}" for k in others[:8])
+                + "\nUse the config the checkpoint was trained with (backbone variant, widths, heads).")
+        missing, groups = 0, []
+        for prefix, backbone in self._srvit_backbones():
+            if not backbone.allow_partial:
+                report = LoadReport(missing=[k[len(prefix):] for k in model_sd
+                                             if k.startswith(prefix) and k not in weights])
+                missing += len(report.required_missing)
+                groups += [prefix + k for k in group_keys(report.required_missing)]
+        if missing:
+            found = sum(1 for k in weights if k in model_sd)
+            raise CheckpointError(
+                f"the checkpoint does not hold {missing} of the SR-ViT backbone's tensors ({found} of its "
+                f"{len(weights)} tensors are this model's):\n  " + "\n  ".join(groups)
+                + "\nIs it an SR-ViT checkpoint of this variant? Give train.init_checkpoint a tools/pretrain.py "
+                  "checkpoint or a detector trained with this backbone; to start the missing tensors from their "
+                  "initialisation on purpose, set model.backbone.net.allow_partial=True.")
+        if reinitialised:
+            self.logger.warning(
+                "Fine-tuning on other classes: %d class-dependent tensors start from their initialisation "
+                "(checkpoint shape -> model shape): %s", len(reinitialised),
+                ", ".join(f"{k} {tuple(weights[k].shape)} -> {tuple(model_sd[k].shape)}" for k in reinitialised))
+        for k in reinitialised:
+            del weights[k]
