@@ -11,7 +11,7 @@ import argparse
 from mmengine.config import DictAction
 from mmengine.runner import Runner
 
-from srvit_backbones.mmseg.tools import apply_amp, check_data, load_config
+from srvit_backbones.mmseg.tools import add_data_arguments, apply_amp, check_data, load_config
 
 
 def parse_args(argv=None):
@@ -25,6 +25,7 @@ def parse_args(argv=None):
                         help="override some settings in the used config, key=value pairs")
     parser.add_argument("--launcher", choices=["none", "pytorch", "slurm", "mpi"], default="none", help="job launcher")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=0)
+    add_data_arguments(parser)  # your own data (--coco-train... / --seg-train...), --skip-data-check
     return parser.parse_args(argv)
 
 
@@ -34,7 +35,7 @@ def build_runner(argv=None) -> Runner:
     cfg = load_config(args)
     apply_amp(cfg, args.amp)
     cfg.resume = args.resume
-    check_data(cfg, ("train_dataloader", "val_dataloader"))
+    check_data(cfg, ("train_dataloader", "val_dataloader"), read_files=not args.skip_data_check)
     return Runner.from_cfg(cfg)
 
 

@@ -3,7 +3,7 @@ the command line applied (as mmseg's and mmdet's own tools/train.py and tools/te
 a check of the dataset's files before the Runner is built."""
 import os
 import os.path as osp
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import torch
 from mmengine.config import Config
@@ -27,8 +27,9 @@ def apply_amp(cfg: Config, requested: bool) -> None:
         cfg.optim_wrapper.loss_scale = "dynamic"
 
 
-def load_config(args, framework: str) -> Config:
-    """The config with ``--launcher``, ``--cfg-options`` and ``--work-dir`` applied."""
+def load_config(args, framework: str, custom_data: Optional[Callable[[Config], None]] = None) -> Config:
+    """The config with ``--launcher``, ``--cfg-options`` and ``--work-dir`` applied;
+    ``custom_data`` (the tool's options for your own dataset) edits it before ``--cfg-options``."""
     if "LOCAL_RANK" not in os.environ:
         os.environ["LOCAL_RANK"] = str(args.local_rank)
     try:
@@ -37,6 +38,8 @@ def load_config(args, framework: str) -> Config:
         raise SystemExit(str(e)) from None
     cfg = Config.fromfile(path)
     cfg.launcher = args.launcher
+    if custom_data is not None:
+        custom_data(cfg)
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
     if args.work_dir is not None:
