@@ -154,11 +154,7 @@ class SegSplit:
 
 
 class DataCheckError(SystemExit):
-    """The data check found errors: the message is the report (exit status 1)."""
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.code = 1
+    """The data check found errors; the message is the report (uncaught: printed, exit status 1)."""
 
 
 def is_truncated(f, fmt: str) -> bool:
@@ -358,13 +354,13 @@ def format_reports(reports: Sequence[SplitReport]) -> str:
 
 
 def run_check(splits: Iterable, skip_flag: str, log=print) -> List[SplitReport]:
-    """What the tools run before building a model: every split checked, the reports logged,
-    ``DataCheckError`` when one has errors."""
+    """What the tools run before building a model: every split checked, ``DataCheckError`` with
+    the reports when one has errors, else the reports logged (the notes among them)."""
     started = time.perf_counter()
     reports = check_splits(splits)
-    files = sum(r.files for r in reports)
-    log(format_reports(reports) + f"\ndata check: {files} files in {time.perf_counter() - started:.1f} s")
     require_clean(reports, skip_flag)
+    files = sum(r.files for r in reports)
+    log(format_reports(reports) + f"\ndata check: {files} files in {time.perf_counter() - started:.1f} s, no errors")
     return reports
 
 

@@ -25,7 +25,6 @@ from detectron2.engine.defaults import create_ddp_model
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 
-from srvit_backbones.data_check import run_check
 from srvit_backbones.detectron2 import SRViTCheckpointer, custom_data, training, validate_config
 
 logger = logging.getLogger("srvit.train_net")
@@ -109,9 +108,7 @@ def load_config(args):
 def check_data(args):
     """The data check of tools/check_data.py, once, before the processes start."""
     if not args.skip_data_check:
-        cfg = load_config(args)
-        check_config(cfg)
-        run_check(custom_data.data_splits(cfg), "--skip-data-check")
+        custom_data.check_config_data(args.config_file, args.opts, args.coco_train, args.coco_val)
 
 
 def main(args):
@@ -126,13 +123,7 @@ def main(args):
 def parse_args(argv=None):
     parser = default_argument_parser(epilog=__doc__)
     parser.add_argument("--config", dest="config_file", metavar="FILE", help="alias of --config-file")
-    parser.add_argument("--coco-train", nargs=2, metavar=("JSON", "IMAGES"),
-                        help="train on this COCO-format file and image folder (registered as custom_train; "
-                             "model.roi_heads.num_classes follows its categories)")
-    parser.add_argument("--coco-val", nargs=2, metavar=("JSON", "IMAGES"),
-                        help="evaluate on this one (custom_val; default: the training split)")
-    parser.add_argument("--skip-data-check", action="store_true",
-                        help="do not read every image header and annotation before training")
+    custom_data.add_data_arguments(parser)  # --coco-train, --coco-val, --skip-data-check
     args = parser.parse_args(argv)
     if not args.config_file:
         parser.error("--config (or --config-file) is required")

@@ -8,22 +8,49 @@ from typing import List, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 
-from ..data_check import CocoSplit, coco_categories
+from ..data_check import CocoSplit, coco_categories, run_check
+
+
+def add_data_arguments(parser, with_skip: bool = True) -> None:
+    """tools/train_net.py's options for your own COCO-format data (tools/check_data.py's too)
+    and, with ``with_skip``, the one that skips the data check."""
+    parser.add_argument("--coco-train", nargs=2, metavar=("JSON", "IMAGES"),
+                        help="train on this COCO-format file and image folder (registered as custom_train; "
+                             "model.roi_heads.num_classes follows its categories)")
+    parser.add_argument("--coco-val", nargs=2, metavar=("JSON", "IMAGES"),
+                        help="evaluate on this one (custom_val; default: the training split)")
+    if with_skip:
+        parser.add_argument("--skip-data-check", action="store_true",
+                            help="do not read every image header and annotation before training")
+
+
+def check_config_data(config_file, opts=(), coco_train=None, coco_val=None) -> None:
+    """tools/check_data.py's check of a LazyConfig (and the one tools/train_net.py runs first):
+    the config loaded as train_net loads it, its class counts against its datasets, then every
+    file of its datasets; ``SystemExit`` naming the problem and the fix."""
+    from .training import load_config
+
+    try:
+        cfg = load_config(config_file, opts, coco_train, coco_val)
+        check_num_classes(cfg)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"config error: {e}") from None
+    run_check(data_splits(cfg), "--skip-data-check")
 
 
 def register_coco_split(name: str, json_file: str, image_root: str) -> str:
-    """``register_coco_instances(name, {}, json_file, image_root)``, once; a name registered to
-    other files is an error (detectron2 would keep the first)."""
+    """``register_coco_instances(name, {}, json_file, image_root)``; a name registered to other
+    files before (an earlier call in this process) is registered anew to these."""
     from detectron2.data import DatasetCatalog, MetadataCatalog
     from detectron2.data.datasets import register_coco_instances
 
     json_file, image_root = os.path.abspath(json_file), os.path.abspath(image_root)
     if name in DatasetCatalog.list():
         meta = MetadataCatalog.get(name)
-        if (meta.get("json_file"), meta.get("image_root")) != (json_file, image_root):
-            raise ValueError(f"dataset {name!r} is registered already, to {meta.get('json_file')} and "
-                             f"{meta.get('image_root')}: give this one another name")
-        return name
+        if (meta.get("json_file"), meta.get("image_root")) == (json_file, image_root):
+            return name
+        DatasetCatalog.remove(name)
+        MetadataCatalog.remove(name)
     if not os.path.isfile(json_file):
         raise ValueError(f"annotation file {json_file} does not exist: pass the COCO-format JSON of the split "
                          f"(what labelling tools export as 'COCO')")

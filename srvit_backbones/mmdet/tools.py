@@ -14,15 +14,17 @@ from ..openmmlab.tools import apply_amp  # noqa: F401  (the tools' import)
 SIZED_FROM_DATA = "or train with --coco-train / --coco-val, which size the heads from the file's categories"
 
 
-def add_data_arguments(parser) -> None:
-    """The training tool's options for your own data and the data check."""
+def add_data_arguments(parser, with_skip: bool = True) -> None:
+    """The training tool's options for your own data (tools/check_data.py's too) and, with
+    ``with_skip``, the one that skips the data check."""
     parser.add_argument("--coco-train", nargs=2, metavar=("JSON", "IMAGES"),
                         help="train on this COCO-format file and image folder (metainfo.classes and every "
                              "head's num_classes follow its categories)")
     parser.add_argument("--coco-val", nargs=2, metavar=("JSON", "IMAGES"),
                         help="validate and test on this one (default: the training split)")
-    parser.add_argument("--skip-data-check", action="store_true",
-                        help="do not read every image header and annotation before training")
+    if with_skip:
+        parser.add_argument("--skip-data-check", action="store_true",
+                            help="do not read every image header and annotation before training")
 
 
 def load_config(args) -> Config:

@@ -15,8 +15,9 @@ from ..openmmlab.tools import apply_amp  # noqa: F401  (the tools' import)
 SIZED_FROM_DATA = "or train with --seg-train / --seg-val / --classes, which size the heads from the class file"
 
 
-def add_data_arguments(parser) -> None:
-    """The training tool's options for your own data and the data check."""
+def add_data_arguments(parser, with_skip: bool = True) -> None:
+    """The training tool's options for your own data (tools/check_data.py's too) and, with
+    ``with_skip``, the one that skips the data check."""
     parser.add_argument("--seg-train", nargs=2, metavar=("IMAGES", "LABELS"),
                         help="train on these folders: images and label PNGs of the same stems")
     parser.add_argument("--seg-val", nargs=2, metavar=("IMAGES", "LABELS"),
@@ -26,8 +27,9 @@ def add_data_arguments(parser) -> None:
                              "--reduce-zero-label: from 1); the heads' num_classes follows it")
     parser.add_argument("--reduce-zero-label", action="store_true",
                         help="label 0 is 'unlabelled' (ignored), 1..N the classes (ADE20K's convention)")
-    parser.add_argument("--skip-data-check", action="store_true",
-                        help="do not read every image header and label map before training")
+    if with_skip:
+        parser.add_argument("--skip-data-check", action="store_true",
+                            help="do not read every image header and label map before training")
 
 
 def load_config(args) -> Config:
