@@ -353,6 +353,35 @@ def format_reports(reports: Sequence[SplitReport]) -> str:
     return "\n".join(r.format() for r in reports)
 
 
+def add_coco_arguments(parser) -> None:
+    """The tools' options for a COCO-format dataset of your own (detectron2, mmdet)."""
+    parser.add_argument("--coco-train", nargs=2, metavar=("JSON", "IMAGES"),
+                        help="train on this COCO-format file and image folder (the class names and every "
+                             "head's num_classes follow its categories)")
+    parser.add_argument("--coco-val", nargs=2, metavar=("JSON", "IMAGES"),
+                        help="evaluate on this one (default: the training split)")
+
+
+def add_segmentation_arguments(parser) -> None:
+    """The tools' options for image and label-map folders of your own (mmseg)."""
+    parser.add_argument("--seg-train", nargs=2, metavar=("IMAGES", "LABELS"),
+                        help="train on these folders: images and label PNGs of the same stems")
+    parser.add_argument("--seg-val", nargs=2, metavar=("IMAGES", "LABELS"),
+                        help="validate and test on these (default: the training folders)")
+    parser.add_argument("--classes", metavar="FILE",
+                        help="the class list: a line 'NAME [R G B]' per label value, from 0 (with "
+                             "--reduce-zero-label: from 1); the heads' num_classes follows it")
+    parser.add_argument("--reduce-zero-label", action="store_true",
+                        help="label 0 is 'unlabelled' (ignored), 1..N the classes (ADE20K's convention)")
+
+
+def add_skip_argument(parser) -> None:
+    """The training tools' option that skips the check."""
+    parser.add_argument("--skip-data-check", action="store_true",
+                        help="do not read every image header and annotation before training (tools/check_data.py "
+                             "runs the same check alone)")
+
+
 def run_check(splits: Iterable, skip_flag: str, log=print) -> List[SplitReport]:
     """What the tools run before building a model: every split checked, ``DataCheckError`` with
     the reports when one has errors, else the reports logged (the notes among them)."""

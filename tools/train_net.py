@@ -25,6 +25,7 @@ from detectron2.engine.defaults import create_ddp_model
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 
+from srvit_backbones.data_check import add_coco_arguments, add_skip_argument
 from srvit_backbones.detectron2 import SRViTCheckpointer, custom_data, training, validate_config
 
 logger = logging.getLogger("srvit.train_net")
@@ -123,7 +124,8 @@ def main(args):
 def parse_args(argv=None):
     parser = default_argument_parser(epilog=__doc__)
     parser.add_argument("--config", dest="config_file", metavar="FILE", help="alias of --config-file")
-    custom_data.add_data_arguments(parser)  # --coco-train, --coco-val, --skip-data-check
+    add_coco_arguments(parser)  # your own data: --coco-train, --coco-val
+    add_skip_argument(parser)
     args = parser.parse_args(argv)
     if not args.config_file:
         parser.error("--config (or --config-file) is required")

@@ -11,19 +11,6 @@ from omegaconf import OmegaConf
 from ..data_check import CocoSplit, coco_categories, run_check
 
 
-def add_data_arguments(parser, with_skip: bool = True) -> None:
-    """tools/train_net.py's options for your own COCO-format data (tools/check_data.py's too)
-    and, with ``with_skip``, the one that skips the data check."""
-    parser.add_argument("--coco-train", nargs=2, metavar=("JSON", "IMAGES"),
-                        help="train on this COCO-format file and image folder (registered as custom_train; "
-                             "model.roi_heads.num_classes follows its categories)")
-    parser.add_argument("--coco-val", nargs=2, metavar=("JSON", "IMAGES"),
-                        help="evaluate on this one (custom_val; default: the training split)")
-    if with_skip:
-        parser.add_argument("--skip-data-check", action="store_true",
-                            help="do not read every image header and annotation before training")
-
-
 def check_config_data(config_file, opts=(), coco_train=None, coco_val=None) -> None:
     """tools/check_data.py's check of a LazyConfig (and the one tools/train_net.py runs first):
     the config loaded as train_net loads it, its class counts against its datasets, then every

@@ -5,7 +5,7 @@ import os
 
 from mmengine.config import Config
 
-from ..data_check import coco_categories, run_check
+from ..data_check import add_coco_arguments, add_skip_argument, coco_categories, run_check
 from ..openmmlab import data_check as openmmlab_data_check
 from ..openmmlab import tools as openmmlab_tools
 from ..openmmlab.tools import apply_amp  # noqa: F401  (the tools' import)
@@ -14,17 +14,10 @@ from ..openmmlab.tools import apply_amp  # noqa: F401  (the tools' import)
 SIZED_FROM_DATA = "or train with --coco-train / --coco-val, which size the heads from the file's categories"
 
 
-def add_data_arguments(parser, with_skip: bool = True) -> None:
-    """The training tool's options for your own data (tools/check_data.py's too) and, with
-    ``with_skip``, the one that skips the data check."""
-    parser.add_argument("--coco-train", nargs=2, metavar=("JSON", "IMAGES"),
-                        help="train on this COCO-format file and image folder (metainfo.classes and every "
-                             "head's num_classes follow its categories)")
-    parser.add_argument("--coco-val", nargs=2, metavar=("JSON", "IMAGES"),
-                        help="validate and test on this one (default: the training split)")
-    if with_skip:
-        parser.add_argument("--skip-data-check", action="store_true",
-                            help="do not read every image header and annotation before training")
+def add_data_arguments(parser) -> None:
+    """The training tool's options for your own data and the one that skips the data check."""
+    add_coco_arguments(parser)
+    add_skip_argument(parser)
 
 
 def load_config(args) -> Config:

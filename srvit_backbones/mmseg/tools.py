@@ -6,7 +6,7 @@ import os
 
 from mmengine.config import Config
 
-from ..data_check import run_check
+from ..data_check import add_segmentation_arguments, add_skip_argument, run_check
 from ..openmmlab import data_check as openmmlab_data_check
 from ..openmmlab import tools as openmmlab_tools
 from ..openmmlab.tools import apply_amp  # noqa: F401  (the tools' import)
@@ -15,21 +15,10 @@ from ..openmmlab.tools import apply_amp  # noqa: F401  (the tools' import)
 SIZED_FROM_DATA = "or train with --seg-train / --seg-val / --classes, which size the heads from the class file"
 
 
-def add_data_arguments(parser, with_skip: bool = True) -> None:
-    """The training tool's options for your own data (tools/check_data.py's too) and, with
-    ``with_skip``, the one that skips the data check."""
-    parser.add_argument("--seg-train", nargs=2, metavar=("IMAGES", "LABELS"),
-                        help="train on these folders: images and label PNGs of the same stems")
-    parser.add_argument("--seg-val", nargs=2, metavar=("IMAGES", "LABELS"),
-                        help="validate and test on these (default: the training folders)")
-    parser.add_argument("--classes", metavar="FILE",
-                        help="the class list: a line 'NAME [R G B]' per label value, from 0 (with "
-                             "--reduce-zero-label: from 1); the heads' num_classes follows it")
-    parser.add_argument("--reduce-zero-label", action="store_true",
-                        help="label 0 is 'unlabelled' (ignored), 1..N the classes (ADE20K's convention)")
-    if with_skip:
-        parser.add_argument("--skip-data-check", action="store_true",
-                            help="do not read every image header and label map before training")
+def add_data_arguments(parser) -> None:
+    """The training tool's options for your own data and the one that skips the data check."""
+    add_segmentation_arguments(parser)
+    add_skip_argument(parser)
 
 
 def load_config(args) -> Config:
