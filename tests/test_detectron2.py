@@ -589,7 +589,7 @@ def test_fine_tuning_loads_all_but_the_class_layers_and_refuses_foreign_files(co
     torch.save(resnet, tmp_path / "resnet.pth")
     torch.save({"model": {f"backbone.bottom_up.{k}": v for k, v in resnet.items()}}, tmp_path / "r_cnn.pth")
     for name in ("resnet.pth", "r_cnn.pth"):
-        with pytest.raises(CheckpointError, match=r"does not hold 112 of the SR-ViT backbone's tensors(.|\n)*"
+        with pytest.raises(CheckpointError, match=r"train.init_checkpoint does not hold 112 of the SR-ViT backbone's tensors(.|\n)*"
                                                   r"backbone.net.srvit.units.\{0,1,2,3,4\}.blocks.\* \(96\)"
                                                   r"(.|\n)*allow_partial=True"):
             trainer(f"train.init_checkpoint={tmp_path / name}")

@@ -12,6 +12,7 @@ from mmengine.config import DictAction
 from mmengine.runner import Runner
 
 from srvit_backbones.mmseg.tools import add_data_arguments, apply_amp, check_data, load_config
+from srvit_backbones.openmmlab.fine_tune import check_load_from
 
 
 def parse_args(argv=None):
@@ -36,7 +37,9 @@ def build_runner(argv=None) -> Runner:
     apply_amp(cfg, args.amp)
     cfg.resume = args.resume
     check_data(cfg, ("train_dataloader", "val_dataloader"), read_files=not args.skip_data_check)
-    return Runner.from_cfg(cfg)
+    runner = Runner.from_cfg(cfg)
+    check_load_from(runner)  # fine-tuning: only the class-dependent layers may differ
+    return runner
 
 
 def main(argv=None):

@@ -14,8 +14,8 @@ import re
 from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.checkpoint.c2_model_loading import align_and_update_state_dicts
 
-from ..checkpoint import (CheckpointError, LoadReport, convert_state_dict, extract_state_dict, group_keys,
-                          load_pretrained, read_checkpoint)
+from ..checkpoint import (LoadReport, convert_state_dict, extract_state_dict, load_pretrained, read_checkpoint,
+                          require_fine_tune_fit)
 from .backbone import SRViTBackbone
 
 #: the layers whose size follows the number of classes: box classifier and regression (per
@@ -86,11 +86,8 @@ class SRViTCheckpointer(DetectionCheckpointer):
             weights.update({prefix + k: v for k, v in converted.items()})
 
     def _require_fit(self, checkpoint) -> None:
-        """A detectron2-format checkpoint against the model, before it loads: every SR-ViT backbone
-        tensor present (unless the backbone's ``allow_partial``) and every tensor of the model's
-        shape, except the class-dependent layers (``CLASS_DEPENDENT``), which are taken out of
-        the checkpoint so that they keep their initialisation, and logged. ``CheckpointError``
-        otherwise, naming the tensors."""
+        """A detectron2-format checkpoint against the model, before it loads (after detectron2's
+        name matching and the backbone's table resizing): ``require_fine_tune_fit``."""
         if checkpoint.get("matching_heuristics", False):  # detectron2's name matching, done here
             self._convert_ndarray_to_tensor(checkpoint["model"])
             checkpoint["model"] = align_and_update_state_dicts(self.model.state_dict(), checkpoint["model"],
@@ -100,36 +97,6 @@ class SRViTCheckpointer(DetectionCheckpointer):
         if weights and all(k.startswith("module.") for k in weights):
             weights = checkpoint["model"] = {k[len("module."):]: v for k, v in weights.items()}
         self._resize_backbone_tables(weights)
-        model_sd = self.model.state_dict()
-        mismatched = [k for k, v in weights.items() if k in model_sd and tuple(v.shape) != tuple(model_sd[k].shape)]
-        reinitialised = [k for k in mismatched if CLASS_DEPENDENT.match(k)]
-        others = [k for k in mismatched if k not in reinitialised]
-        if others:
-            raise CheckpointError(
-                f"{len(others)} tensors of the checkpoint have another shape than the model's (only the "
-                f"class-dependent layers of the box and mask predictors may differ, for fine-tuning on other "
-                f"classes):\n  " + "\n  ".join(f"{k}: checkpoint {tuple(weights[k].shape)} vs model "
-                                                 f"{tuple(model_sd[k].shape)}" for k in others[:8])
-                + "\nUse the config the checkpoint was trained with (backbone variant, widths, heads).")
-        missing, groups = 0, []
-        for prefix, backbone in self._srvit_backbones():
-            if not backbone.allow_partial:
-                report = LoadReport(missing=[k[len(prefix):] for k in model_sd
-                                             if k.startswith(prefix) and k not in weights])
-                missing += len(report.required_missing)
-                groups += [prefix + k for k in group_keys(report.required_missing)]
-        if missing:
-            found = sum(1 for k in weights if k in model_sd)
-            raise CheckpointError(
-                f"the checkpoint does not hold {missing} of the SR-ViT backbone's tensors ({found} of its "
-                f"{len(weights)} tensors are this model's):\n  " + "\n  ".join(groups)
-                + "\nIs it an SR-ViT checkpoint of this variant? Give train.init_checkpoint a tools/pretrain.py "
-                  "checkpoint or a detector trained with this backbone; to start the missing tensors from their "
-                  "initialisation on purpose, set model.backbone.net.allow_partial=True.")
-        if reinitialised:
-            self.logger.warning(
-                "Fine-tuning on other classes: %d class-dependent tensors start from their initialisation "
-                "(checkpoint shape -> model shape): %s", len(reinitialised),
-                ", ".join(f"{k} {tuple(weights[k].shape)} -> {tuple(model_sd[k].shape)}" for k in reinitialised))
-        for k in reinitialised:
-            del weights[k]
+        backbones = {prefix: backbone.allow_partial for prefix, backbone in self._srvit_backbones()}
+        require_fine_tune_fit(weights, self.model.state_dict(), CLASS_DEPENDENT, backbones, self.logger,
+                              "train.init_checkpoint", "model.backbone.net.allow_partial=True")
