@@ -5,7 +5,7 @@ import os
 
 from mmengine.config import Config
 
-from ..data_check import add_coco_arguments, add_skip_argument, coco_categories, run_check
+from ..data_check import add_coco_arguments, add_skip_argument, coco_categories
 from ..openmmlab import data_check as openmmlab_data_check
 from ..openmmlab import tools as openmmlab_tools
 from ..openmmlab.tools import apply_amp  # noqa: F401  (the tools' import)
@@ -53,26 +53,14 @@ def use_coco_files(cfg: Config, train, val=None) -> None:
     openmmlab_data_check.set_num_classes(cfg.model, len(classes))
 
 
-def dataset_defaults(dataset_type: str) -> dict:
-    """The defaults of an mmdet dataset class (its classes among them)."""
-    from mmdet.registry import DATASETS
-
-    dataset_class = DATASETS.get(dataset_type)
-    return openmmlab_data_check.class_defaults(dataset_class) if dataset_class else {"classes": ()}
-
-
-def data_splits(cfg: Config, loaders):
-    return openmmlab_data_check.data_splits(cfg, loaders, dataset_defaults)
-
-
 def check_data(cfg: Config, loaders, read_files: bool = False) -> None:
     """The datasets' paths, LVIS files, class counts and, with ``read_files``, every image header
     and annotation (``srvit_backbones.data_check``)."""
     openmmlab_tools.check_data(cfg, loaders, _missing_data_message)
     check_lvis_data(cfg, loaders)
-    openmmlab_data_check.check_num_classes(cfg, loaders, dataset_defaults, SIZED_FROM_DATA)
-    if read_files:
-        run_check(data_splits(cfg, loaders), "--skip-data-check")
+    from mmdet.registry import DATASETS
+
+    openmmlab_data_check.check_against_data(cfg, loaders, DATASETS, SIZED_FROM_DATA, read_files)
 
 
 def check_lvis_data(cfg: Config, loaders) -> None:

@@ -6,7 +6,7 @@ import os
 
 from mmengine.config import Config
 
-from ..data_check import add_segmentation_arguments, add_skip_argument, run_check
+from ..data_check import add_segmentation_arguments, add_skip_argument
 from ..openmmlab import data_check as openmmlab_data_check
 from ..openmmlab import tools as openmmlab_tools
 from ..openmmlab.tools import apply_amp  # noqa: F401  (the tools' import)
@@ -91,25 +91,13 @@ def use_seg_folders(cfg: Config, train, val=None, class_file=None, reduce_zero_l
     openmmlab_data_check.set_num_classes(cfg.model, len(classes))
 
 
-def dataset_defaults(dataset_type: str) -> dict:
-    """The defaults of an mmseg dataset class (its classes among them)."""
-    from mmseg.registry import DATASETS
-
-    dataset_class = DATASETS.get(dataset_type)
-    return openmmlab_data_check.class_defaults(dataset_class) if dataset_class else {"classes": ()}
-
-
-def data_splits(cfg: Config, loaders):
-    return openmmlab_data_check.data_splits(cfg, loaders, dataset_defaults)
-
-
 def check_data(cfg: Config, loaders, read_files: bool = False) -> None:
     """The datasets' paths, class counts and, with ``read_files``, every image header and label
     map (``srvit_backbones.data_check``)."""
     openmmlab_tools.check_data(cfg, loaders, _missing_data_message)
-    openmmlab_data_check.check_num_classes(cfg, loaders, dataset_defaults, SIZED_FROM_DATA)
-    if read_files:
-        run_check(data_splits(cfg, loaders), "--skip-data-check")
+    from mmseg.registry import DATASETS
+
+    openmmlab_data_check.check_against_data(cfg, loaders, DATASETS, SIZED_FROM_DATA, read_files)
 
 
 def _missing_data_message(cfg, where, dataset, key, path) -> str:

@@ -10,7 +10,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 from mmengine.config import Config
 
-from ..data_check import CocoSplit, SegSplit, coco_categories
+from ..data_check import CocoSplit, SegSplit, coco_categories, run_check
 from .tools import datasets
 
 DatasetDefaults = Callable[[str], Dict]
@@ -23,6 +23,23 @@ def class_defaults(dataset_class) -> Dict:
     defaults = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
     defaults["classes"] = tuple(getattr(dataset_class, "METAINFO", {}).get("classes", ()))
     return defaults
+
+
+def defaults_from(registry) -> DatasetDefaults:
+    """``dataset_defaults`` of the dataset classes of a framework's ``DATASETS`` registry."""
+    def dataset_defaults(dataset_type: str) -> Dict:
+        dataset_class = registry.get(dataset_type)
+        return class_defaults(dataset_class) if dataset_class else {"classes": ()}
+    return dataset_defaults
+
+
+def check_against_data(cfg: Config, loaders: Sequence[str], registry, fix: str, read_files: bool) -> None:
+    """What the tools check before the Runner is built: the class counts (``check_num_classes``)
+    and, with ``read_files``, every file of the datasets (``srvit_backbones.data_check``)."""
+    dataset_defaults = defaults_from(registry)
+    check_num_classes(cfg, loaders, dataset_defaults, fix)
+    if read_files:
+        run_check(data_splits(cfg, loaders, dataset_defaults), "--skip-data-check")
 
 
 def _innermost(dataset: dict, where: str):
