@@ -120,7 +120,9 @@ def check_num_classes(cfg: Config, loaders: Iterable[str], dataset_defaults: Dat
         if not classes:
             continue
         ann_file = os.path.join(dataset.get("data_root") or "", dataset.get("ann_file") or "")
-        if ann_file.endswith(".json") and os.path.isfile(ann_file):
+        # CocoDataset keeps the categories its classes name; LVIS datasets keep all of the file's
+        by_name = not str(dataset.get("type", "")).startswith("LVIS")
+        if by_name and ann_file.endswith(".json") and os.path.isfile(ann_file):
             unnamed = [c["name"] for c in coco_categories(ann_file) if c["name"] not in classes]
             if unnamed:
                 raise SystemExit(
