@@ -16,9 +16,11 @@ def check_config_data(config_file, opts=(), coco_train=None, coco_val=None) -> N
     the config loaded as train_net loads it, its class counts against its datasets, then every
     file of its datasets; ``SystemExit`` naming the problem and the fix."""
     from .training import load_config
+    from .validate import validate_lvis_data
 
     try:
         cfg = load_config(config_file, opts, coco_train, coco_val)
+        validate_lvis_data(cfg)
         check_num_classes(cfg)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"config error: {e}") from None

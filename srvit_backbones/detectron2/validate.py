@@ -41,8 +41,9 @@ def validate_config(cfg):
                          "train.amp.enabled=False to run on the CPU")
     if cfg.train.amp.enabled and not device.startswith("cuda"):
         raise ValueError("train.amp.enabled=True needs a GPU (detectron2's AMPTrainer); pass train.amp.enabled=False")
+    validate_lvis_data(cfg)  # first: an LVIS config on a COCO file also has other classes
     check_num_classes(cfg)
-    return validate_lvis_data(cfg)
+    return cfg
 
 
 def is_lvis_config(cfg) -> bool:
