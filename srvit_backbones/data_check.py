@@ -56,7 +56,9 @@ KINDS: Dict[str, Tuple[str, str, str]] = {
                          "add the image to 'images' or remove these annotations"),
     "missing_annotation_file": ("error", "annotation files not found",
                                 "check the path: detectron2 reads the registered json_file (builtin "
-                                "datasets: below $DETECTRON2_DATASETS), mmdet data_root + ann_file"),
+                                "datasets: below $DETECTRON2_DATASETS), mmdet data_root + ann_file; to try "
+                                "the tools without COCO: python tools/make_synthetic_coco.py --root datasets, "
+                                "then DETECTRON2_DATASETS=datasets (see make quickstart-detectron2)"),
     "bad_annotation_file": ("error", "annotation files that are not COCO-format JSON",
                             "export the annotations as COCO JSON (images, annotations, categories)"),
     "missing_label": ("error", "images without a label map",
