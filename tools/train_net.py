@@ -25,6 +25,7 @@ from detectron2.engine.defaults import create_ddp_model
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 
+from srvit_backbones.config_files import resolve_config
 from srvit_backbones.data_check import add_coco_arguments, add_skip_argument
 from srvit_backbones.detectron2 import SRViTCheckpointer, custom_data, training, validate_config
 
@@ -114,6 +115,7 @@ def check_data(args):
 
 def main(args):
     cfg = load_config(args)
+    args.config_file = resolve_config("detectron2", args.config_file)  # default_setup logs the file: a path
     default_setup(cfg, args)
     check_config(cfg)
     if args.eval_only:
