@@ -540,8 +540,9 @@ def custom_coco(tmp_path_factory):
 def test_fine_tune_a_coco_detector_on_three_classes_of_your_own(coco_root, trained, custom_coco, tmp_path):
     """tools/train_net.py --coco-train/--coco-val from the 80-class quickstart detector: the head
     is sized from the file's 3 categories, the class-dependent layers start anew (listed in the
-    log), the evaluator reports the file's classes, and 40 iterations learn: box AP50 above 3
-    (measured at this seed: box AP50 12.2, mask AP50 11.6; an untrained head scores 0)."""
+    log), the evaluator reports the file's classes, and 40 iterations learn: box AP50 above 2
+    (measured at this seed: box AP50 12.2, mask AP50 11.6; seeds 1 and 2, from a 2-iteration base
+    on other images: 3.9 and 8.6; the head untrained after 6 iterations from scratch: 0.1)."""
     out = tmp_path / "out"
     proc, log = run_train_net(coco_root, *custom_coco, f"train.output_dir={out}", *CUSTOM_SIZE,
                               f"train.init_checkpoint={os.path.join(trained, 'model_final.pth')}",
@@ -553,7 +554,7 @@ def test_fine_tune_a_coco_detector_on_three_classes_of_your_own(coco_root, train
                      r"roi_heads.box_predictor.cls_score.weight \(81, 256\) -> \(4, 256\)", log), log[-3000:]
     assert all(re.search(rf"\|\s+{name}\s+\|", log) for name in CUSTOM_CLASSES)  # the per-class AP table
     box_ap50 = float(re.findall(r"copypaste: ([\d.nan]+),([\d.nan]+),", log)[0][1])
-    assert box_ap50 > 3.0, log[-2000:]
+    assert box_ap50 > 2.0, log[-2000:]
 
 
 def test_fine_tuning_loads_all_but_the_class_layers_and_refuses_foreign_files(coco_root, trained, custom_coco,
