@@ -46,6 +46,53 @@ def session_folder(tmp_path_factory, name):
         yield base / name
 
 
+def free_port() -> int:
+    """A TCP port free on the loopback address now (other test processes may be launching too)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(layout: str, port: int, node_rank: int = 0):
+    """The torchrun arguments of ``layout``, as the docs give them: '2x1' is 2 machines x 1
+    process on 127.0.0.1 (this one ``node_rank``), '1x2' is 1 machine x 2 processes."""
+    if layout == "2x1":
+        return ["-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank), "--nproc-per-node", "1",
+                "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    return ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+            str(port)]
+
+
+def child_pids(pid: int):
+    """The processes ``pid`` started (torchrun's agent: its workers), from /proc."""
+    import glob as globbing
+
+    return [int(child) for path in globbing.glob(f"/proc/{pid}/task/*/children") for child in open(path).read().split()]
+
+
+def is_running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, dead but not yet reaped, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for_text(path, text: str, process, timeout: float = 300, poll: float = 0.05) -> None:
+    """Until the file ``path`` contains ``text`` (a log line the run of ``process``, a Popen, reached)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        if os.path.exists(path) and text in open(path, errors="replace").read():
+            return
+        time.sleep(poll)
+    raise TimeoutError(f"{text!r} never appeared in {path} (exit code {process.poll()})")
+
+
 def side_by_side(*jobs):
     """The results of ``jobs`` (functions of no arguments, each running a subprocess), run at the
     same time, one thread each: independent runs overlap their imports and waits instead of
@@ -221,6 +268,48 @@ def assert_mmengine_resume_restores(runner, ckpt_path, param_name, max_lr):
     return ckpt
 
 
+@contextlib.contextmanager
+def file_size_limit(nbytes: int):
+    """This process writes no file beyond ``nbytes`` (``ulimit -f``: what a disk filling up mid-write
+    does to a checkpoint); Python ignores the SIGXFSZ, so a write past it fails with EFBIG."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def divergence_report(message: str):
+    """(iteration, last checkpoint or None) of a ``faults.divergence_message``, which must also
+    name what to try."""
+    import re
+
+    match = re.search(r" at iteration (\d+): training stopped; (?:the last checkpoint, '(.+?)', was written|no "
+                      r"checkpoint was written).* Try: .*lr", message, re.S)
+    assert match, message
+    return int(match[1]), match[2]
+
+
+def assert_mmengine_run_stops_diverged(runner, work):
+    """``runner.train()`` (a real divergence, checkpoints every iteration in ``work``) stops
+    within 4 iterations naming the iteration, the config key to lower and the last checkpoint,
+    which holds finite weights; the diverged iteration was not saved."""
+    import pytest
+
+    with pytest.raises(FloatingPointError) as error:
+        runner.train()
+    iteration, last = divergence_report(str(error.value))
+    assert iteration <= 4 and "optim_wrapper.optimizer.lr" in str(error.value)
+    assert not (work / f"iter_{iteration}.pth").exists()
+    if last is not None:
+        assert last == str(work / f"iter_{iteration - 1}.pth")
+        weights = torch.load(last, map_location="cpu", weights_only=False)["state_dict"]
+        assert all(torch.isfinite(v).all() for v in weights.values() if v.is_floating_point())
+
+
 def interpolated_pos_embed(pos_embed, old_grid, new_grid, num_prefix_tokens=1, mode="bicubic"):
     """A (1, prefix + h*w, D) position table resized from the ``old_grid`` to the ``new_grid``,
     written out independently of the loaders: the prefix entries kept, the grid part
@@ -246,3 +335,79 @@ def unit_applications(num_blocks: int, num_steps: int, drop_path_rates=None, win
     windows = window_sizes or [a.window_size for a in applications]
     return tuple(dataclasses.replace(a, drop_path_rate=float(r), window_size=w)
                  for a, r, w in zip(applications, rates, windows, strict=True))
+
+
+#: the compiled runs of the CPU tests: dynamo's graphs and AOT autograd's forward and backward
+#: graphs, run eagerly (inductor's code generation takes minutes on this CPU)
+TEST_COMPILE = {"backend": "aot_eager"}
+
+
+def two_gloo_processes(worker, tmp_path, *args):
+    """``worker(rank, *args)`` in 2 forked processes (they need not import the frameworks again),
+    each in a gloo process group of 2, one thread each."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_in_gloo_group, args=(worker, str(tmp_path / "dist_init"), args), nprocs=2, join=True,
+                       start_method="fork")
+
+
+def _in_gloo_group(rank, worker, init_file, args):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        worker(rank, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def assert_compiled_training_equals_eager(train, rtol=1e-4, atol=1e-5):
+    """Inside a process group: ``train(compile)`` builds the seeded model with the backbone's
+    ``compile`` setting (False, or TEST_COMPILE), wraps it as its framework does for DDP, trains
+    it a few steps on this rank's data and returns (losses, model). The compiled run's losses and
+    weights equal the eager run's (to float rounding: AOT autograd orders some sums otherwise),
+    and its weights are the same on every rank (the gradients were averaged). Returns the
+    largest differences."""
+    import torch.distributed as dist
+    from torch._dynamo.utils import counters
+
+    eager_losses, eager = train(False)
+    torch._dynamo.reset()  # compile afresh: no graph of an earlier test (of the parent process) reused
+    graphs = counters["stats"]["unique_graphs"]
+    losses, compiled = train(dict(TEST_COMPILE))
+    assert counters["stats"]["unique_graphs"] > graphs  # the backbone ran compiled
+    torch.testing.assert_close(losses, eager_losses, rtol=rtol, atol=atol)
+    weights, eager_weights = compiled.state_dict(), eager.state_dict()
+    assert weights.keys() == eager_weights.keys()
+    for name, value in eager_weights.items():
+        torch.testing.assert_close(weights[name], value, rtol=rtol, atol=atol, msg=name)
+    flat = torch.cat([p.detach().flatten() for p in compiled.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(2)]
+    dist.all_gather(gathered, flat)
+    assert torch.equal(gathered[0], gathered[1])
+    return dict(loss=(losses - eager_losses).abs().max().item(),
+                weights=max((weights[n].float() - v.float()).abs().max().item() for n, v in eager_weights.items()))
+
+
+def assert_mmengine_compiled_training_equals_eager(rank, models, cfg, batches, prepare=lambda ddp: None):
+    """``assert_compiled_training_equals_eager`` of the model of an mmengine config (built from
+    the ``models`` registry): wrapped as mmengine's Runner wraps it for DDP (its defaults:
+    find_unused_parameters=False), ``prepare(ddp)`` (the config's hooks), two ``train_step``s of
+    the config's optimizer wrapper, one per batch of this rank's ``batches``."""
+    from mmengine.model import MMDistributedDataParallel
+    from mmengine.optim import build_optim_wrapper
+
+    def train(compile):
+        cfg.model.backbone.compile = compile
+        torch.manual_seed(0)
+        model = models.build(cfg.model)
+        model.init_weights()
+        ddp = MMDistributedDataParallel(module=model, broadcast_buffers=False, find_unused_parameters=False)
+        prepare(ddp)
+        wrapper = build_optim_wrapper(ddp, cfg.optim_wrapper)
+        torch.manual_seed(1)  # the heads' sampling: the same draws in both runs
+        return torch.stack([ddp.train_step(data, wrapper)["loss"].detach() for data in batches]), model
+
+    differences = assert_compiled_training_equals_eager(train)
+    print(f"rank {rank}: compiled - eager after {len(batches)} steps: {differences}")

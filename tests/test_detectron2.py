@@ -25,7 +25,7 @@ from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.srvit import resize_pos_embed
 from srvit_backbones.models.attention import RelPosAttention
 from srvit_backbones.models.rel_pos import is_rel_pos
-from helpers import interpolated_pos_embed, load_tool
+from helpers import divergence_report, file_size_limit, interpolated_pos_embed, load_tool, two_gloo_processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "detectron2_configs")
@@ -311,6 +311,10 @@ def test_yacs_registry_builds_the_detector():
     instances = out[0]["instances"]
     assert instances.image_size == (100, 120) and len(instances) == 5
     assert {"pred_boxes", "scores", "pred_classes", "pred_masks"} <= set(instances.get_fields())
+    from srvit_backbones.detectron2.yacs_config import build_srvit_sfp_backbone
+
+    cfg.MODEL.SRVIT.COMPILE = True  # built, not run: inductor compiles for minutes on this CPU
+    assert build_srvit_sfp_backbone(cfg, ShapeSpec(channels=3)).net.compile_options == {}
     assert instances.pred_masks.shape == (5, 100, 120)
     boxes = instances.pred_boxes.tensor
     assert (boxes[:, :2] >= 0).all() and (boxes[:, 2] <= 120).all() and (boxes[:, 3] <= 100).all()
@@ -476,6 +480,51 @@ def test_resume_restores_the_checkpointed_state(coco_root, trained, tmp_path):
     assert shared and [lr_at[i] for i in shared] == pytest.approx([uninterrupted[i] for i in shared], rel=1e-12)
 
 
+def test_a_diverged_run_stops_at_once_naming_the_last_checkpoint(coco_root, tmp_path):
+    """A real divergence (lr 1e6, a checkpoint every iteration): detectron2's own check stops the
+    run, re-raised naming the iteration, the last checkpoint (complete, finite) and the fixes; the
+    diverged iteration is not saved."""
+    train_net = load_tool("train_net")
+    args = train_net.parse_args(["--config", QUICKSTART, f"train.output_dir={tmp_path}", *COMMON, "train.max_iter=8",
+                                 "train.eval_period=1000", "train.checkpointer.period=1", "optimizer.lr=1e6",
+                                 *in_process_data(coco_root)])
+    with pytest.raises(FloatingPointError, match="diverged") as error:
+        train_net.do_train(args, train_net.load_config(args))
+    iteration, last = divergence_report(str(error.value))
+    assert 1 <= iteration <= 3 and last == os.path.join(str(tmp_path), f"model_{iteration - 1:07d}.pth")
+    assert "optimizer.lr" in str(error.value) and not os.path.exists(tmp_path / f"model_{iteration:07d}.pth")
+    assert all(torch.isfinite(v).all() for v in torch.load(last, weights_only=True)["model"].values())
+
+
+def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(coco_root, trained, tmp_path):
+    """A full disk while model_final.pth is rewritten at the end of a resumed run (ulimit -f): an
+    error naming the file and the cause; the earlier model_final.pth (fvcore would have truncated
+    it) stays complete and named by last_checkpoint, and --resume restores it by value."""
+    final = tmp_path / "model_final.pth"
+    shutil.copy(os.path.join(trained, "model_final.pth"), final)
+    (tmp_path / "last_checkpoint").write_text("model_final.pth")
+    saved = final.read_bytes()
+    train_net = load_tool("train_net")
+    args = train_net.parse_args(["--config", QUICKSTART, "--resume", f"train.output_dir={tmp_path}", *COMMON,
+                                 "train.max_iter=17", "train.eval_period=1000", "train.checkpointer.period=1000",
+                                 *in_process_data(coco_root)])
+    trainer, start_iter = train_net.build_trainer(args, train_net.load_config(args))
+    with file_size_limit(len(saved) // 2), pytest.raises(OSError, match=rf"'{re.escape(str(final))}' was not "
+                                                                        r"written: File too large"):
+        trainer.train(start_iter, 17)
+    assert final.read_bytes() == saved and (tmp_path / "last_checkpoint").read_text() == "model_final.pth"
+    assert not list(tmp_path.glob("*.tmp"))
+
+    trainer, start_iter = train_net.build_trainer(args, train_net.load_config(args))
+    ckpt = torch.load(final, map_location="cpu", weights_only=True)
+    assert start_iter == ckpt["iteration"] + 1 == 16
+    assert_same_tensors(trainer.model.state_dict(), ckpt["model"])
+    assert trainer.optimizer.state_dict()["state"].keys() == ckpt["trainer"]["optimizer"]["state"].keys()
+    for got, expected in zip(trainer.optimizer.state_dict()["state"].values(),
+                             ckpt["trainer"]["optimizer"]["state"].values()):
+        assert all(torch.equal(got[k], expected[k]) for k in ("step", "exp_avg", "exp_avg_sq"))
+
+
 def test_eval_only_loads_model_final(trained):
     final = os.path.join(trained, "model_final.pth")
     train_net = load_tool("train_net")
@@ -637,6 +686,8 @@ def test_two_process_ddp_on_cpu(request, config, extra):
     ("model.backbone.square_pad=200", SystemExit, "square_pad=200 is not a multiple of the patch size 16"),
     ("model.backbone.square_pad=128", SystemExit, "192 pixels, larger than model.backbone.square_pad=128"),
     ("train.amp.enabled=True", SystemExit, "train.amp.enabled=True needs a GPU"),
+    ("model.backbone.net.compile=yes", ValueError, r"compile='yes': give False \(eager\), True"),
+    ("model.backbone.net.compile={mood:fast}", ValueError, r"compile=\{'mood': 'fast'\}: .*'mood'.*torch.compile's"),
 ])
 def test_train_net_bad_input_is_explained(tmp_path, override, error, match):
     train_net = load_tool("train_net")
@@ -915,8 +966,8 @@ def test_cascade_is_its_mask_rcnn_with_vitdets_three_stages(variant):
 def test_lvis_is_its_coco_config_with_vitdets_lvis_settings(name):
     """lvis/X: ViTDet's LVIS settings (repeat-factor sampling at 0.001, LVISEvaluator with 300
     detections, 1203 classes, sigmoid CE + federated loss, score threshold 0.02, top 300 in every
-    box predictor) and the COCO recipe's schedule over LVIS's epochs; nothing else changed from the
-    COCO config (cascade/X or X)."""
+    box predictor) and the COCO recipe's schedule over LVIS's epochs at ViTDet's LVIS / COCO lr
+    ratio and LVIS eval period; nothing else changed from the COCO config (cascade/X or X)."""
     from detectron2.data.samplers import RepeatFactorTrainingSampler
     from detectron2.evaluation import LVISEvaluator
 
@@ -936,12 +987,18 @@ def test_lvis_is_its_coco_config_with_vitdets_lvis_settings(name):
     assert lvis.train.max_iter == round(coco.train.max_iter * 156250 / 184375)  # ViTDet's LVIS / COCO iterations
     warmup = coco.lr_multiplier.warmup_length * coco.train.max_iter
     assert lvis.lr_multiplier.warmup_length * lvis.train.max_iter == pytest.approx(warmup)
-    assert (lvis.optimizer.lr, lvis.optimizer.params.lr_decay) == (coco.optimizer.lr, coco.optimizer.params.lr_decay)
+    # ViTDet's lr: 2e-4 in projects/ViTDet/configs/LVIS/mask_rcnn_vitdet_b_100ep.py, 1e-4 in
+    # COCO/mask_rcnn_vitdet_b_100ep.py (configs/common/optim.py's AdamW), the same batch of 64
+    assert lvis.optimizer.lr / coco.optimizer.lr == pytest.approx(2e-4 / 1e-4)
+    assert lvis.optimizer.params.lr_decay == coco.optimizer.params.lr_decay
+    assert lvis.train.eval_period == 30000  # train.eval_period of LVIS/mask_rcnn_vitdet_b_100ep.py
+    assert lvis.train.checkpointer.period == coco.train.checkpointer.period
 
     lvis_tree = without(lvis, ("num_classes",), ("get_fed_loss_cls_weights", *LVIS_CHANGES))
     coco_tree = without(coco, ("num_classes",), ("get_fed_loss_cls_weights", *LVIS_CHANGES))
     for tree in (lvis_tree, coco_tree):
         del tree["dataloader"], tree["train"]["max_iter"], tree["lr_multiplier"]["warmup_length"]
+        del tree["optimizer"]["lr"], tree["train"]["eval_period"]
     assert lvis_tree == coco_tree
     train_data = OmegaConf.to_container(data.train)
     del train_data["sampler"], train_data["dataset"]["names"]
@@ -993,3 +1050,45 @@ def test_an_lvis_config_on_a_coco_file_is_explained(coco_root, lvis_names):
     with pytest.raises(SystemExit, match=r"dataloader.test.dataset.names='srvit_synthetic_coco_val_\d+': its file .* "
                                          r"lack the 'frequency' field .*lvis_v1_train.json / lvis_v1_val.json"):
         train_net.check_config(train_net.load_config(args))
+
+
+# ----------------------------------------------------------------------------- compiled training
+QUICKSTART_WIN = os.path.join(CONFIGS, "quickstart", "mask_rcnn_srvit_tiny_win_cpu.py")
+# the windowed quickstart at 96 pixels with one recursive block (T=2): 4 applications, windowed
+# (4x4 windows padded on the 6x6 patch grid) and global in turn; a small graph to compile
+COMPILED_TINY = [o for o in TINY if not o.startswith(("model.backbone.net.img_size", "model.backbone.square_pad"))] + \
+    ["model.backbone.net.img_size=96", "model.backbone.square_pad=96", "model.backbone.net.layout=[1]"]
+
+
+def _compiled_ddp_worker(rank):
+    from detectron2.engine import SimpleTrainer
+
+    from srvit_backbones.detectron2 import training
+    from srvit_backbones.detectron2.benchmark import synthetic_detection_batch
+    from helpers import assert_compiled_training_equals_eager
+
+    train_net = load_tool("train_net")
+    batch = synthetic_detection_batch(1, 96, seed=rank)  # each rank its own image
+
+    def train(compile):
+        cfg = training.load_config(QUICKSTART_WIN, COMPILED_TINY)
+        cfg.model.backbone.net.compile = compile
+        torch.manual_seed(0)
+        model = training.build_model(cfg)
+        ddp = train_net.create_ddp_model(model, **train_net.ddp_kwargs(cfg))  # as tools/train_net.py wraps it
+        losses = []
+        model.register_forward_hook(lambda module, inputs, loss_dict: losses.append(sum(loss_dict.values()).item()))
+        SimpleTrainer(ddp, iter([batch] * 2), training.build_optimizer(cfg, model)).train(0, 2)
+        return torch.tensor(losses), model
+
+    differences = assert_compiled_training_equals_eager(train)
+    print(f"rank {rank}: compiled - eager after 2 steps: {differences}")
+
+
+def test_compiled_backbone_trains_as_the_eager_one_under_two_process_ddp(tmp_path):
+    """``model.backbone.net.compile`` (AOT autograd's graphs, run eagerly) under detectron2's DDP
+    as tools/train_net.py wraps it (find_unused_parameters=False): two steps of the windowed
+    quickstart detector (padded windows, relative positions, global applications) give the eager
+    run's losses and weights, the same on both ranks."""
+    assert LazyConfig.load(QUICKSTART_WIN).train.ddp.find_unused_parameters is False
+    two_gloo_processes(_compiled_ddp_worker, tmp_path)

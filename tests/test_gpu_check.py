@@ -193,27 +193,31 @@ def test_the_device_comparison_compares_the_gpus_kernel_with_the_cpus_and_restor
     assert rel_pos.set_rel_pos_kernel(None) is None  # no kernel left forced
     assert [r["case"].split(", ", 1)[1] for r in rows] == [
         "cpu fp32 against CPU fp32", "cpu float16 autocast against CPU fp32", "cpu bfloat16 autocast against CPU fp32"]
-    assert all((r["kernel"], r["reference_kernel"]) == ("bias", "blocked") for r in rows)
+    assert all((r["kernel"], r["reference_kernel"]) == ("folded", "blocked") for r in rows)
     assert all(r["ok"] for r in rows), rows
 
 
 def test_each_kernel_forced_in_fp16_and_bf16_agrees_with_the_cpus_fp32():
     """(e)'s kernel rows, run here on the CPU: each of KERNELS and the ``bias`` kernel in calls of
     one map, in fp16 and bf16, windows and the global grid, output and gradients against the
-    CPU's fp32 (flex, without a backward on the CPU, by its output)."""
+    CPU's fp32, the tables' gradients reported apart (flex, without a backward on the CPU, by its
+    output: its table gradients are checked on a GPU, ``test_cuda_device_branches_match_the_cpu``)."""
     rows = devices.kernels_on_device_against_cpu(torch.device("cpu"))
     names = [name for name, *_ in devices.FORCED_KERNELS]
     assert names == [*rel_pos.KERNELS, "bias in calls of one map"]
     assert [r["case"] for r in rows] == [f"rel-pos kernel {name}, {case}, cpu {dtype} against CPU fp32"
                                          for case in ("windows", "global") for dtype in ("float16", "bfloat16")
                                          for name in names]
-    assert all(("min_gradient_cosine" in r) == ("kernel flex" not in r["case"]) for r in rows)
+    assert all(("min_gradient_cosine" in r) == ("min_table_gradient_cosine" in r) == ("kernel flex" not in r["case"])
+               for r in rows)
     assert all(r["ok"] for r in rows), rows
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (make gpu-check runs it on a GPU)")
 def test_cuda_device_branches_match_the_cpu():
-    """(e) on a GPU: each kernel forced there and the tiny windowed rel-pos model, against the CPU's fp32."""
+    """(e) on a GPU: each kernel forced there (flex compiled, with head dims of 16, its tables'
+    gradients included) and the tiny windowed rel-pos model, against the CPU's fp32."""
     rows = devices.kernels_on_device_against_cpu(torch.device("cuda")) + \
         devices.model_on_device_against_cpu(torch.device("cuda"))
     assert rows and all(r["ok"] for r in rows), rows
+    assert all(r["min_table_gradient_cosine"] >= 0.99 for r in rows if "kernel flex" in r["case"])

@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -37,8 +38,10 @@ from srvit_backbones.detectron2 import SRViTBackbone as D2Backbone, SRViTCheckpo
 from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.rel_pos import is_rel_pos
 from srvit_backbones.openmmlab.hooks import Fp16CompressionHook
-from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg, assert_mmengine_resume_restores,
-                     load_tool, randomize_routers, run, side_by_side, trained_detectron2)
+from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg,
+                     assert_mmengine_compiled_training_equals_eager, assert_mmengine_resume_restores,
+                     assert_mmengine_run_stops_diverged, load_tool, randomize_routers, run, side_by_side,
+                     trained_detectron2, two_gloo_processes)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, "mmdet_configs")
@@ -76,11 +79,10 @@ def detectron2_twin(path):
     return twin if name.endswith("_lsj.py") and os.path.isfile(twin) else None
 
 
-def shrink(cfg: Config, lvis_ann_file=None) -> Config:
+def shrink(cfg: Config) -> Config:
     """The config's detector at width 32, with 32-channel pyramid and heads, 64-pixel images,
     fp32 and no pretrained file; everything else (variant, layout, T, windows, out_indices,
-    heads' types, constructor) as shipped. A cascade's three box heads are shrunk alike; the
-    federated loss reads its class weights from ``lvis_ann_file``."""
+    heads' types, losses, constructor) as shipped. A cascade's three box heads are shrunk alike."""
     model = cfg.model
     model.backbone.update(img_size=(SIZE, SIZE), embed_dim=WIDTH, num_heads=HEADS)
     model.backbone.pop("init_cfg", None)
@@ -94,11 +96,10 @@ def shrink(cfg: Config, lvis_ann_file=None) -> Config:
     roi.bbox_roi_extractor.out_channels = roi.mask_roi_extractor.out_channels = CHANNELS
     for head in roi.bbox_head if isinstance(roi.bbox_head, list) else [roi.bbox_head]:
         head.update(in_channels=CHANNELS, conv_out_channels=CHANNELS, fc_out_channels=64)
-        if head.loss_cls.type == "FederatedSigmoidCELoss":
-            head.loss_cls.ann_file = lvis_ann_file
     roi.mask_head.update(in_channels=CHANNELS, conv_out_channels=CHANNELS)
     for stage in model.train_cfg.rcnn if isinstance(model.train_cfg.rcnn, list) else [model.train_cfg.rcnn]:
-        stage.sampler.num = 64
+        if "num" in stage.sampler:  # a cascade's later stages take every refined box (PseudoSampler)
+            stage.sampler.num = 64
     cfg.optim_wrapper.type = "OptimWrapper"  # AmpOptimWrapper needs a GPU
     return cfg
 
@@ -165,7 +166,8 @@ def test_flagship_holds_the_vitdet_recipe():
     warmup, cosine = cfg.param_scheduler
     assert (warmup.type, warmup.end, cosine.type, cosine.begin, cosine.end) == \
         ("LinearLR", 1000, "CosineAnnealingLR", 1000, 270000)
-    assert cfg.custom_hooks == [dict(type="Fp16CompressionHook")]
+    assert cfg.custom_hooks == [dict(type="Fp16CompressionHook"), dict(type="DivergenceCheckHook")]
+    assert cfg.default_hooks.checkpoint.type == "SRViTCheckpointHook"  # written whole or not at all
     # the detectron2 recipe, for the same variant
     d2 = LazyConfig.load(os.path.join(D2_CONFIGS, "mask_rcnn_srvit_s_t3.py"))
     assert (d2.train.max_iter, d2.optimizer.lr, d2.optimizer.weight_decay, d2.optimizer.params.lr_decay) == \
@@ -532,6 +534,19 @@ def trained(coco_root):
     return work, log
 
 
+def test_a_diverged_run_stops_at_once_naming_the_last_checkpoint(coco_root, tmp_path, monkeypatch):
+    """A real divergence (lr 1e6) through tools/train_det.py's Runner: the DivergenceCheckHook
+    stops it within a few iterations, naming the iteration, the last checkpoint (finite weights)
+    and what to try."""
+    monkeypatch.chdir(coco_root)
+    work = tmp_path / "work"
+    runner = load_tool("train_det").build_runner([QUICKSTART, "--work-dir", str(work), "--cfg-options", *SMALL,
+                                                  "train_cfg.max_iters=8", "train_cfg.val_interval=8",
+                                                  "default_hooks.checkpoint.interval=1",
+                                                  "optim_wrapper.optimizer.lr=1e6"])
+    assert_mmengine_run_stops_diverged(runner, work)
+
+
 def test_quickstart_learns(trained):
     """The loss falls by more than half and mmdet's CocoMetric scores the detector well above an
     untrained one (0.0): measured at this seed, box AP50 0.292 and mask AP50 0.292 after these 60
@@ -673,12 +688,12 @@ def test_demo_and_plot_curves_read_mmdet(coco_root, trained, tmp_path, monkeypat
 
 
 # ----------------------------------------------------------------------------- multi-process
-def _ddp_worker(rank, init_file, lvis_ann_file):
+def _ddp_worker(rank, init_file):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     register_all_modules()
     for path in (FLAGSHIP, LVIS_CASCADE):
-        _ddp_steps(rank, shrink(Config.fromfile(path), lvis_ann_file))
+        _ddp_steps(rank, shrink(Config.fromfile(path)))
     dist.destroy_process_group()
 
 
@@ -698,12 +713,35 @@ def _ddp_steps(rank, cfg):
     assert torch.equal(gathered[0], gathered[1])
 
 
-def test_flagship_trains_under_two_process_gloo_ddp(tmp_path, lvis_root):
+def test_flagship_trains_under_two_process_gloo_ddp(tmp_path):
     """mmengine's DDP wrapper with its defaults (find_unused_parameters=False) and the recipe's
     fp16 gradient compression: two steps, each rank on its own data; the flagship's Mask R-CNN,
     then its LVIS Cascade Mask R-CNN (three stages, one mask head, the federated loss)."""
-    mp.start_processes(_ddp_worker, args=(str(tmp_path / "dist_init"), lvis_json(lvis_root, "train")), nprocs=2,
+    mp.start_processes(_ddp_worker, args=(str(tmp_path / "dist_init"),), nprocs=2,
                        join=True, start_method="fork")  # forked: the workers need not import mmdet again
+
+
+WIN_FLAGSHIP = os.path.join(CONFIG_DIR, "mask_rcnn_srvit_s_t3_win_lsj.py")
+
+
+def _compiled_ddp_worker(rank):
+    register_all_modules()
+    cfg = shrink(Config.fromfile(WIN_FLAGSHIP))
+    # a small graph to compile: one recursive block (T=2: 4 applications), 3x3 windows padded on
+    # the 4x4 patch grid and the global applications
+    cfg.model.backbone.update(layout=(1,), num_steps=2, window_size=3)
+    assert_mmengine_compiled_training_equals_eager(
+        rank, MODELS, cfg, [batch(seed=10 * rank + i) for i in range(2)],  # each rank its own data
+        prepare=lambda ddp: Fp16CompressionHook().before_train(type("Runner", (), {"model": ddp})()))
+
+
+def test_compiled_backbone_trains_as_the_eager_one_under_two_process_ddp(tmp_path):
+    """``model.backbone.compile`` (AOT autograd's graphs, run eagerly) under mmengine's DDP
+    wrapper with its defaults (find_unused_parameters=False) and the recipe's fp16 gradient
+    compression: two steps of the windowed flagship Mask R-CNN give the eager run's losses and
+    weights, the same on both ranks."""
+    assert any(hook.type == "Fp16CompressionHook" for hook in Config.fromfile(WIN_FLAGSHIP).custom_hooks)
+    two_gloo_processes(_compiled_ddp_worker, tmp_path)
 
 
 # ----------------------------------------------------------------------------- the zoo: cascade/ and lvis/
@@ -738,6 +776,14 @@ def d2_twin(path):
     return os.path.join(D2_CONFIGS, re.sub(r"_lsj\.py$", ".py", config_name(path)))
 
 
+def detectron2_lvis_v1_image_counts():
+    """detectron2's LVIS v1 metadata (detectron2/data/datasets/lvis_v1_category_image_count.py):
+    each category's training image count, in id order."""
+    from detectron2.data.datasets.lvis_v1_category_image_count import LVIS_CATEGORY_IMAGE_COUNT
+
+    return torch.tensor([c["image_count"] for c in sorted(LVIS_CATEGORY_IMAGE_COUNT, key=lambda c: c["id"])])
+
+
 def bbox_heads(cfg_or_module):
     heads = cfg_or_module.bbox_head
     return list(heads) if isinstance(heads, (list, torch.nn.ModuleList)) else [heads]
@@ -748,11 +794,11 @@ def test_the_zoo_is_detectron2s_zoo():
 
 
 @pytest.mark.parametrize("path", ZOO, ids=config_name)
-def test_every_zoo_config_trains_one_step(path, lvis_root):
+def test_every_zoo_config_trains_one_step(path):
     """test_every_config_trains_one_step for cascade/ and lvis/: every parameter gets a gradient,
     the optimizer holds each; three stages with their box losses and one mask loss (detectron2's
-    cascade); the LVIS heads' federated loss weighted by the training file's image counts."""
-    cfg = shrink(zoo_cfg(path), lvis_json(lvis_root, "train"))
+    cascade); the LVIS heads' federated loss weighted by LVIS v1's image counts, detectron2's."""
+    cfg = shrink(zoo_cfg(path))
     torch.manual_seed(0)
     model = MODELS.build(cfg.model)
     model.init_weights()
@@ -765,8 +811,7 @@ def test_every_zoo_config_trains_one_step(path, lvis_root):
     if cascade:
         assert len(model.roi_head.mask_head) == 1
     if config_name(path).startswith("lvis"):
-        counts = {c["id"]: c["image_count"] for c in json.load(open(lvis_json(lvis_root, "train")))["categories"]}
-        expected_weights = torch.tensor([max(counts[i], 1) for i in sorted(counts)], dtype=torch.float) ** 0.5
+        expected_weights = detectron2_lvis_v1_image_counts().float() ** 0.5
         for head in bbox_heads(model.roi_head):
             assert head.num_classes == 1203 and head.fc_cls.out_features == 1204
             assert torch.equal(head.loss_cls.fed_loss_cls_weights, expected_weights)
@@ -794,13 +839,23 @@ def test_zoo_config_is_its_detectron2_twins_recipe(path):
     train = cfg.train_dataloader.dataset
     assert (train.get("dataset") or train).pipeline == coco.train_pipeline == cfg.train_pipeline
     assert cfg.val_dataloader.dataset.pipeline == cfg.test_dataloader.dataset.pipeline == coco.test_pipeline
-    assert cfg.optim_wrapper == coco.optim_wrapper and cfg.custom_hooks == coco.custom_hooks
+    assert cfg.custom_hooks == coco.custom_hooks
+    assert cfg.optim_wrapper.optimizer.lr == d2.optimizer.lr  # LVIS: twice COCO's (test_lvis_recipe_is_vitdets)
+    coco_optim = copy.deepcopy(coco.optim_wrapper)
+    coco_optim.optimizer.lr = cfg.optim_wrapper.optimizer.lr
+    assert cfg.optim_wrapper == coco_optim
+    assert cfg.train_cfg.val_interval == d2.train.eval_period
     assert cfg.train_cfg.max_iters == d2.train.max_iter and cfg.param_scheduler[0].end == \
         round(d2.lr_multiplier.warmup_length * d2.train.max_iter) and cfg.param_scheduler[1].end == d2.train.max_iter
     assert cfg.optim_wrapper.paramwise_cfg.layer_decay_rate == d2.optimizer.params.lr_decay
     roi, d2_roi = cfg.model.roi_head, d2.model.roi_heads
     if "box_predictors" in d2_roi:
+        # detectron2's CascadeROIHeads sums the stages' losses (the gradient into the features scaled by 1/3)
         assert roi.type == "SingleMaskCascadeRoIHead" and roi.stage_loss_weights == [1.0, 1.0, 1.0]
+        samplers = [rcnn.sampler for rcnn in cfg.model.train_cfg.rcnn]
+        assert (samplers[0].type, samplers[0].num, samplers[0].pos_fraction, samplers[0].add_gt_as_proposals) == \
+            ("RandomSampler", 512, 0.25, True)  # detectron2's ROI_HEADS batch 512, positive fraction 0.25
+        assert [s.type for s in samplers[1:]] == ["PseudoSampler"] * 2  # every refined box, as detectron2
         for head, rcnn, d2_head, predictor, matcher in zip(roi.bbox_head, cfg.model.train_cfg.rcnn, d2_roi.box_heads,
                                                            d2_roi.box_predictors, d2_roi.proposal_matchers):
             weights = predictor.box2box_transform.weights
@@ -823,19 +878,16 @@ def test_zoo_config_is_its_detectron2_twins_recipe(path):
         for head in bbox_heads(roi):
             assert head.num_classes == d2_roi.num_classes == 1203
             assert head.loss_cls.type == "FederatedSigmoidCELoss" and head.loss_cls.freq_weight_power == 0.5
-            assert head.loss_cls.ann_file == data.dataset.data_root + data.dataset.ann_file  # the training file
+            assert head.loss_cls.image_counts == "lvis_v1"  # the shipped counts, whatever file the dataset reads
         assert roi.mask_head.num_classes == 1203
 
 
 @pytest.mark.parametrize("name", ["cascade/cascade_mask_rcnn_srvit_s_t3_lsj.py", "lvis/cascade_mask_rcnn_srvit_s_t3_lsj.py"])
-def test_cascade_heads_hold_detectron2s_parameters(name, lvis_root):
+def test_cascade_heads_hold_detectron2s_parameters(name):
     """The full-size RoI heads of both frameworks (three box stages, one mask head; LVIS: 1203
     classes) hold the same number of parameters, stage by stage, as the Mask R-CNN heads do."""
     path = os.path.join(CONFIG_DIR, name)
     cfg = zoo_cfg(path)
-    for head in bbox_heads(cfg.model.roi_head):
-        if head.loss_cls.type == "FederatedSigmoidCELoss":
-            head.loss_cls.ann_file = lvis_json(lvis_root, "train")
     with torch.device("meta"):  # shapes without values
         ours = MODELS.build(dict(cfg.model.roi_head, train_cfg=cfg.model.train_cfg.rcnn,
                                  test_cfg=cfg.model.test_cfg.rcnn))
@@ -852,7 +904,7 @@ def test_lvis_cascade_trains_and_lvis_metric_returns_ap(lvis_root, tmp_path):
     from mmengine.hooks import Hook
     from mmengine.runner import Runner
 
-    cfg = shrink(zoo_cfg(LVIS_CASCADE), lvis_json(lvis_root, "train"))
+    cfg = shrink(zoo_cfg(LVIS_CASCADE))
     size = (SIZE, SIZE)
     for t in cfg.train_dataloader.dataset.dataset.pipeline:
         t.update({k: size for k in ("scale", "crop_size", "size") if k in t})
@@ -941,7 +993,7 @@ def test_an_lvis_metric_among_several_evaluators_is_checked(coco_root, lvis_root
                 check_data(cfg, ("test_dataloader",))
 
 
-def test_federated_loss_is_detectron2s(lvis_root):
+def test_federated_loss_is_detectron2s():
     """FederatedSigmoidCELoss gives detectron2's FastRCNNOutputLayers loss (use_sigmoid_ce,
     use_fed_loss) on the same logits, labels (background included) and class draws; its scores are
     detectron2's sigmoid ones with a background column of 0."""
@@ -949,7 +1001,7 @@ def test_federated_loss_is_detectron2s(lvis_root):
     from detectron2.modeling.roi_heads import FastRCNNOutputLayers
     from detectron2.modeling.box_regression import Box2BoxTransform
 
-    ours = MODELS.build(dict(type="FederatedSigmoidCELoss", ann_file=lvis_json(lvis_root, "train")))
+    ours = MODELS.build(dict(type="FederatedSigmoidCELoss"))
     weights = ours.fed_loss_cls_weights
     theirs = FastRCNNOutputLayers(ShapeSpec(channels=8), box2box_transform=Box2BoxTransform((10, 10, 5, 5)),
                                   num_classes=1203, use_sigmoid_ce=True, use_fed_loss=True,
@@ -966,6 +1018,191 @@ def test_federated_loss_is_detectron2s(lvis_root):
     assert not torch.allclose(ours(logits, labels), expected)  # other classes drawn: the draw counts
     scores = ours.get_activation(logits)
     assert torch.allclose(scores[:, :-1], logits[:, :-1].sigmoid(), rtol=0, atol=1e-6) and (scores[:, -1] == 0).all()
+
+
+def test_lvis_recipe_is_vitdets_lr_and_eval_period():
+    """The LVIS recipe's lr is twice the COCO recipe's and it evaluates every 30000 iterations:
+    ViTDet's projects/ViTDet/configs/LVIS/mask_rcnn_vitdet_b_100ep.py sets optimizer.lr = 2e-4
+    and train.eval_period = 30000 where COCO/mask_rcnn_vitdet_b_100ep.py keeps configs/common/
+    optim.py's 1e-4 (the same batch of 64); checkpoints as often as on COCO."""
+    lvis = zoo_cfg(os.path.join(CONFIG_DIR, "_base_", "mask_rcnn_srvit_sfp_lsj_lvis_v1.py"))
+    coco = zoo_cfg(os.path.join(CONFIG_DIR, "_base_", "mask_rcnn_srvit_sfp_lsj_270k_coco.py"))
+    assert lvis.optim_wrapper.optimizer.lr / coco.optim_wrapper.optimizer.lr == pytest.approx(2e-4 / 1e-4)
+    assert lvis.train_cfg.val_interval == 30000
+    assert lvis.default_hooks.checkpoint.interval == coco.default_hooks.checkpoint.interval
+
+
+def test_federated_loss_weights_are_lvis_v1s_whatever_the_data_path(lvis_root, tmp_path):
+    """The LVIS recipes' federated losses weigh classes by LVIS v1's image counts shipped in the
+    package (detectron2's LVIS_CATEGORY_IMAGE_COUNT), with no file read: moving data_root or
+    ann_file changes nothing and nothing is read at the first loss. image_counts=FILE takes that
+    file's counts; the data check of tools/train_det.py checks that file before anything is built."""
+    from srvit_backbones.lvis_v1_image_counts import LVIS_V1_TRAIN_IMAGE_COUNTS
+    from srvit_backbones.mmdet.tools import check_data
+
+    assert torch.equal(torch.tensor(LVIS_V1_TRAIN_IMAGE_COUNTS), detectron2_lvis_v1_image_counts())
+    cfg = zoo_cfg(LVIS_CASCADE)
+    cfg.train_dataloader.dataset.dataset.update(data_root=str(tmp_path / "elsewhere") + os.sep, ann_file="nowhere.json")
+    losses = [MODELS.build(head.loss_cls) for head in bbox_heads(cfg.model.roi_head)]
+    expected = detectron2_lvis_v1_image_counts().float() ** 0.5
+    assert len(losses) == 3 and all(torch.equal(loss.fed_loss_cls_weights, expected) for loss in losses)
+
+    train = lvis_json(lvis_root, "train")
+    synthetic = torch.tensor([max(c["image_count"], 1) for c in sorted(json.load(open(train))["categories"],
+                                                                       key=lambda c: c["id"])]).float() ** 0.5
+    assert torch.equal(MODELS.build(dict(type="FederatedSigmoidCELoss", image_counts=train)).fed_loss_cls_weights,
+                       synthetic)
+
+    cfg.train_dataloader.dataset.dataset.update(data_root=str(lvis_root / "coco") + os.sep, ann_file=train)
+    cfg.model.roi_head.bbox_head[2].loss_cls.image_counts = str(tmp_path / "counts.json")
+    with pytest.raises(SystemExit, match=r"^model.roi_head.bbox_head.2.loss_cls.image_counts: the federated loss's "
+                                         r"image_counts file '.*counts.json' does not exist"):
+        check_data(cfg, ("train_dataloader",))
+    cfg.model.roi_head.bbox_head[2].loss_cls.update(image_counts=train, num_classes=80)
+    with pytest.raises(SystemExit, match=r"^model.roi_head.bbox_head.2.loss_cls.image_counts: the federated loss "
+                                         r"has num_classes=80 but image_counts file '.*' lists 1203 categories"):
+        check_data(cfg, ("train_dataloader",))
+
+
+def test_an_lvis_file_is_parsed_once_per_process(lvis_root, tmp_path, monkeypatch):
+    """The data check of every LVIS file of a cascade config (train, val, evaluator: two files) and
+    three federated losses given the training file parse each file once per process (LVIS v1's
+    training file is about 1 GB), and again once it changes."""
+    import srvit_backbones.lvis as lvis
+    from srvit_backbones.mmdet.tools import check_data
+
+    train = shutil.copy(lvis_json(lvis_root, "train"), str(tmp_path / "train.json"))
+    val = shutil.copy(lvis_json(lvis_root, "val"), str(tmp_path / "val.json"))
+    parsed = []
+    real_load = json.load
+    monkeypatch.setattr(lvis.json, "load", lambda f, **kwargs: parsed.append(f.name) or real_load(f, **kwargs))
+    cfg = zoo_cfg(LVIS_CASCADE)
+    cfg.train_dataloader.dataset.dataset.update(data_root=str(lvis_root / "coco") + os.sep, ann_file=train)
+    for name in ("val_dataloader", "test_dataloader"):
+        cfg[name].dataset.update(data_root=str(lvis_root / "coco") + os.sep, ann_file=val)
+    cfg.val_evaluator.ann_file = cfg.test_evaluator.ann_file = val
+    for head in bbox_heads(cfg.model.roi_head):
+        head.loss_cls.image_counts = train
+    check_data(cfg, ("train_dataloader", "val_dataloader"))
+    check_data(cfg, ("test_dataloader",))
+    for head in bbox_heads(cfg.model.roi_head):
+        MODELS.build(head.loss_cls).fed_loss_cls_weights
+    assert sorted(parsed) == sorted([train, val])
+    data = real_load(open(train))
+    data["categories"][0]["image_count"] += 1
+    json.dump(data, open(train, "w"))
+    os.utime(train, ns=(0, os.stat(val).st_mtime_ns + 10**9))  # a new version, even where mtime is coarse
+    assert lvis.lvis_summary(train).categories[0]["image_count"] == data["categories"][0]["image_count"]
+    assert sorted(parsed) == sorted([train, val, train])
+
+
+def test_an_lvis_file_without_image_count_is_refused(lvis_root, tmp_path):
+    """check_lvis_annotations refuses an LVIS file whose categories lack 'image_count' (every LVIS v1
+    file carries it; the federated loss weighs its classes by it when given the file), naming the
+    field, the first such category and the fix."""
+    from srvit_backbones.lvis import LVISFormatError, check_lvis_annotations
+
+    data = json.load(open(lvis_json(lvis_root, "train")))
+    del data["categories"][5]["image_count"]
+    path = tmp_path / "no_image_count.json"
+    path.write_text(json.dumps(data))
+    name = data["categories"][5]["name"]
+    with pytest.raises(LVISFormatError, match=rf"1 of its 1203 categories \('{name}', id 6\) lack the 'image_count' "
+                                              rf"field .*tools/make_synthetic_lvis.py"):
+        check_lvis_annotations(str(path))
+    check_lvis_annotations(lvis_json(lvis_root, "train"))
+
+
+def test_cascade_scales_the_box_stages_gradient_into_the_features_as_detectron2():
+    """detectron2's CascadeROIHeads sums the stages' box losses and scales the gradient each stage
+    sends into the pooled features by 1 / stages (_ScaleGradient in
+    detectron2/modeling/roi_heads/cascade_rcnn.py), the box heads' own gradients whole; at test
+    time nothing is scaled."""
+    cfg = shrink(zoo_cfg(os.path.join(CONFIG_DIR, "cascade", "cascade_mask_rcnn_srvit_s_t3_lsj.py")))
+    torch.manual_seed(0)
+    head = MODELS.build(dict(cfg.model.roi_head, train_cfg=cfg.model.train_cfg.rcnn, test_cfg=cfg.model.test_cfg.rcnn))
+    features = tuple(torch.randn(2, CHANNELS, SIZE // s, SIZE // s, requires_grad=True) for s in (4, 8, 16, 32))
+    rois = torch.tensor([[0, 4.0, 4, 40, 30], [1, 10, 2, 60, 50], [1, 0, 0, 20, 20]])
+    grads = {}
+    for training in (True, False):
+        head.train(training)
+        for f in (*features, *head.parameters()):
+            f.grad = None
+        for stage in range(3):
+            out = head._bbox_forward(stage, features, rois)
+            (out["cls_score"].square().sum() + out["bbox_pred"].square().sum()).backward()
+        grads[training] = ([f.grad.clone() for f in features], [p.grad.clone() for p in head.bbox_head.parameters()])
+    assert any(g.abs().sum() > 0 for g in grads[False][0])
+    for trained, plain in zip(grads[True][0], grads[False][0]):
+        assert torch.allclose(trained, plain / 3, rtol=1e-5, atol=1e-8)
+    for trained, plain in zip(grads[True][1], grads[False][1]):
+        assert torch.allclose(trained, plain, rtol=1e-5, atol=1e-8)
+
+
+def sorted_rows(rois):
+    """RoIs (image index, x0, y0, x1, y1) in one order: by image, then by the box."""
+    for column in reversed(range(rois.shape[1])):
+        rois = rois[torch.argsort(rois[:, column], stable=True)]
+    return rois
+
+
+def test_cascade_later_stages_train_on_every_refined_box_as_detectron2():
+    """detectron2's CascadeROIHeads trains stages 2 and 3 on every box the previous stage refined
+    (those refined from the ground truth added as proposals included; no ground truth added
+    again): each later stage's RoIs are the previous stage's RoIs moved by its box deltas (in
+    mmdet's order: the positives first)."""
+    cfg = shrink(zoo_cfg(os.path.join(CONFIG_DIR, "cascade", "cascade_mask_rcnn_srvit_s_t3_lsj.py")))
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    model.train()
+    roi, seen = model.roi_head, []
+    bbox_loss = roi.bbox_loss
+
+    def recording_bbox_loss(stage, x, sampling_results):
+        gt_added = [bool(r.pos_is_gt.any()) for r in sampling_results]
+        results = bbox_loss(stage, x, sampling_results)
+        seen.append((gt_added, results["rois"].detach(), results["bbox_pred"].detach(), results["cls_score"].detach()))
+        return results
+
+    roi.bbox_loss = recording_bbox_loss
+    data = model.data_preprocessor(batch(seed=0), training=True)
+    model(**data, mode="loss")
+    assert len(seen) == 3 and all(seen[0][0])  # stage 1 samples with the ground truth added, as detectron2
+    for stage in (1, 2):
+        previous_rois, deltas = seen[stage - 1][1], seen[stage - 1][2]
+        refined = torch.cat([previous_rois[:, :1], roi.bbox_head[stage - 1].bbox_coder.decode(
+            previous_rois[:, 1:], deltas, max_shape=(SIZE, SIZE))], dim=1)
+        assert not any(seen[stage][0])  # no ground truth added again
+        assert torch.allclose(sorted_rows(seen[stage][1]), sorted_rows(refined), atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["cascade/cascade_mask_rcnn_srvit_s_t3_lsj.py", "lvis/cascade_mask_rcnn_srvit_s_t3_lsj.py"])
+def test_cascade_scores_are_the_mean_of_the_stages_probabilities_as_detectron2(name):
+    """detectron2's CascadeROIHeads scores the final boxes by the mean of the three stages'
+    probabilities (softmax; sigmoid with the federated loss: predict_probs, averaged in
+    detectron2/modeling/roi_heads/cascade_rcnn.py), where mmdet's CascadeRoIHead averages logits:
+    the scores the last head's activation gives are that mean."""
+    cfg = shrink(zoo_cfg(os.path.join(CONFIG_DIR, name)))
+    torch.manual_seed(0)
+    head = MODELS.build(dict(cfg.model.roi_head, train_cfg=cfg.model.train_cfg.rcnn, test_cfg=cfg.model.test_cfg.rcnn))
+    head.eval()
+    logits = []
+    for stage in head.bbox_head:
+        stage.register_forward_hook(lambda module, args, out: logits.append(out[0]))
+    features = tuple(torch.randn(2, CHANNELS, SIZE // s, SIZE // s) for s in (4, 8, 16, 32))
+    rois = torch.tensor([[0, 4.0, 4, 40, 30], [1, 10, 2, 60, 50], [1, 0, 0, 20, 20]])
+    metas = [dict(img_shape=(SIZE, SIZE))] * 2
+    with torch.no_grad():
+        _, cls_scores, _ = head._refine_roi(features, rois, metas, (1, 2))
+    last = head.bbox_head[-1]
+    if name.startswith("lvis"):
+        expected = torch.stack(logits).sigmoid().mean(0)[:, :-1]
+        got = last.loss_cls.get_activation(torch.cat(cls_scores))[:, :-1]
+    else:
+        expected, got = torch.stack(logits).softmax(-1).mean(0), torch.cat(cls_scores).softmax(-1)
+    assert len(logits) == 3 and not torch.allclose(logits[0], logits[1])
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-7)
 
 
 # ----------------------------------------------------------------------------- your own data

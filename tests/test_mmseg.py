@@ -5,6 +5,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -21,6 +22,7 @@ import srvit_backbones
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import CheckpointError, create_srvit
 from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg, assert_mmengine_resume_restores,
+                     assert_mmengine_run_stops_diverged, file_size_limit, free_port, torchrun,
                      interpolated_pos_embed, load_tool, side_by_side, trained_mmseg)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,6 +107,8 @@ def test_backbone_outputs_recursive_units_as_nchw_maps():
 def test_bad_backbone_input_is_explained(tmp_path):
     with pytest.raises(ValueError, match="feature index 7 does not exist"):
         MODELS.build(dict(type="SRViT", variant="srvit_s_t2", img_size=64, out_indices=(1, 7)))
+    with pytest.raises(ValueError, match=r"compile=\{'fulgraph': True\}: .*'fulgraph'.*torch.compile's"):
+        MODELS.build(dict(type="SRViT", variant="srvit_t_t2", compile=dict(fulgraph=True)))
     backbone = MODELS.build(dict(type="SRViT", variant="srvit_t_t2", img_size=64, embed_dim=32, num_heads=2))
     with pytest.raises(ValueError, match="120x120 is not a multiple of the patch size 16.*size_divisor"):
         backbone(torch.randn(1, 3, 120, 120))
@@ -282,6 +286,62 @@ def test_mmseg_own_train_test_and_resume(seg_root, trained, monkeypatch):
         assert "mIoU" in log
 
 
+def test_a_diverged_run_stops_at_once_naming_the_last_checkpoint(seg_root, tmp_path, monkeypatch):
+    """A real divergence (lr 1e6, mmengine would log loss: nan to the end and exit 0): the
+    DivergenceCheckHook stops it within a few iterations, naming the iteration, the last
+    checkpoint (finite: non-finite weights are never saved) and what to try."""
+    monkeypatch.chdir(seg_root)
+    work = tmp_path / "work"
+    runner = load_tool("train_seg").build_runner([QUICKSTART, "--work-dir", str(work), "--cfg-options", *SMALL,
+                                                  "train_cfg.max_iters=8", "default_hooks.checkpoint.interval=1",
+                                                  "optim_wrapper.optimizer.lr=1e6"])
+    assert_mmengine_run_stops_diverged(runner, work)
+
+
+def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(seg_root, trained, tmp_path, monkeypatch):
+    """A full disk while iter_26.pth is written (ulimit -f), with max_keep_ckpts=1 (mmengine
+    removes the kept iter_24.pth before writing): an error naming the file and the cause;
+    iter_24.pth stays complete and named by last_checkpoint, and --resume restores it by value."""
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(os.path.join(trained[0], "iter_24.pth"), work)
+    (work / "last_checkpoint").write_text(str(work / "iter_24.pth"))
+    saved = (work / "iter_24.pth").read_bytes()
+    monkeypatch.chdir(seg_root)
+    runner = load_tool("train_seg").build_runner([QUICKSTART, "--work-dir", str(work), "--resume", "--cfg-options",
+                                                  *RESUMED, "default_hooks.checkpoint.max_keep_ckpts=1"])
+    with file_size_limit(len(saved) // 2), \
+            pytest.raises(OSError, match=rf"'{work / 'iter_26.pth'}' was not written: File too large"):
+        runner.train()
+    assert (work / "iter_24.pth").read_bytes() == saved and not list(work.glob("*.pth.tmp"))
+    assert (work / "last_checkpoint").read_text() == str(work / "iter_24.pth")
+    check_resume_restores_state(seg_root, str(work), monkeypatch)
+
+
+def test_torchrun_on_cpus_two_machines_train_as_one_machine_two_processes(seg_root, tmp_path):
+    """tools/train_seg.py's own distributed path (torchrun ... --launcher pytorch, gloo), which
+    mmengine's init_dist cannot start without a GPU: as 2 machines x 1 process on 127.0.0.1 and as
+    1 machine x 2 processes, the same 2 steps from the same seed give the same weights."""
+    def train(layout, node_rank, port):
+        return run(seg_root, *torchrun(layout, port, node_rank), os.path.join(ROOT, "tools", "train_seg.py"),
+                   QUICKSTART, "--launcher", "pytorch", "--work-dir", str(tmp_path / layout), "--cfg-options",
+                   "env_cfg.dist_cfg.backend=gloo", "train_cfg.max_iters=2", "train_cfg.val_interval=1000",
+                   "default_hooks.logger.interval=1", "default_hooks.checkpoint.interval=2",
+                   "train_dataloader.batch_size=2", timeout=300)
+
+    two_ports = free_port(), free_port()
+    runs = side_by_side(functools.partial(train, "2x1", 0, two_ports[0]),
+                        functools.partial(train, "2x1", 1, two_ports[0]), functools.partial(train, "1x2", 0, two_ports[1]))
+    for proc, log in runs:
+        assert proc.returncode == 0, log[-3000:]
+    for _, log in (runs[0], runs[2]):  # rank 0's
+        assert "Distributed launcher: pytorch" in log and "GPU number: 2" in log  # mmengine's name for the world size
+    weights = [torch.load(tmp_path / layout / "iter_2.pth", map_location="cpu", weights_only=False)["state_dict"]
+               for layout in ("2x1", "1x2")]
+    assert weights[0].keys() == weights[1].keys()
+    assert [k for k in weights[0] if not torch.equal(weights[0][k], weights[1][k])] == []
+
+
 def test_mmengine_checkpoint_initialises_a_fresh_backbone(trained, tmp_path):
     """init_cfg=dict(type='Pretrained') on a whole-segmentor iter_N.pth: found by itself or
     under mmengine's prefix='backbone.'; a checkpoint missing blocks is refused unless allow_partial."""
@@ -383,6 +443,16 @@ def test_amp_is_one_rule_for_both_openmmlab_tools(tmp_path, monkeypatch):
             load_tool(tool).main([*common, "--amp"])
         with pytest.raises(SystemExit, match=r"needs a CUDA GPU.*--cfg-options optim_wrapper.type=OptimWrapper"):
             load_tool(tool).main([*common, "--cfg-options", "optim_wrapper.type=AmpOptimWrapper"])
+
+
+def test_mmengines_whole_model_compile_is_refused_naming_the_backbones_switch(tmp_path):
+    """mmengine's ``compile=True`` stops in AdamW.step on the parameter groups a ``paramwise_cfg``
+    makes (torch 2.14): train_seg and train_det refuse it before building the Runner and name
+    ``model.backbone.compile``."""
+    for tool, config in (("train_seg", QUICKSTART), ("train_det", "quickstart/mask_rcnn_srvit_tiny_cpu.py")):
+        with pytest.raises(SystemExit, match=r"compile=True is mmengine's whole-model compile.*paramwise_cfg.*"
+                                             r"set model.backbone.compile=True"):
+            load_tool(tool).main([config, "--work-dir", str(tmp_path / "w"), "--cfg-options", "compile=True"])
 
 
 def test_mim_train_runs_our_config(seg_root):

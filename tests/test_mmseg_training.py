@@ -23,6 +23,7 @@ from mmseg.utils import register_all_modules
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import create_srvit
 from srvit_backbones.openmmlab.tools import sync_bn_to_bn
+from helpers import assert_mmengine_compiled_training_equals_eager, two_gloo_processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, "mmseg_configs")
@@ -140,3 +141,24 @@ def _ddp_worker(rank, init_file):
 def test_flagship_trains_under_two_process_gloo_ddp(tmp_path):
     mp.start_processes(_ddp_worker, args=(str(tmp_path / "dist_init"),), nprocs=2, join=True,
                        start_method="fork")  # forked: the workers need not import mmseg again
+
+
+# ----------------------------------------------------------------------------- compiled training
+WIN = os.path.join(CONFIG_DIR, "upernet_srvit_s_win.py")
+
+
+def _compiled_ddp_worker(rank):
+    register_all_modules()
+    cfg = shrink(Config.fromfile(WIN))
+    # a small graph to compile: two recursive units of one block (T=2: 6 applications), 3x3
+    # windows padded on the 4x4 patch grid and the global applications; UPerNet's four maps
+    cfg.model.backbone.update(layout=(1, 1), num_steps=2, window_size=3, out_indices=(0, 1, 2, 3))
+    assert_mmengine_compiled_training_equals_eager(rank, MODELS, cfg,
+                                                   [batch(seed=10 * rank + i) for i in range(2)])  # each rank its own
+
+
+def test_compiled_backbone_trains_as_the_eager_one_under_two_process_ddp(tmp_path):
+    """``model.backbone.compile`` (AOT autograd's graphs, run eagerly) under mmengine's DDP
+    wrapper with its defaults (find_unused_parameters=False): two steps of the windowed UPerNet
+    give the eager run's losses and weights, the same on both ranks."""
+    two_gloo_processes(_compiled_ddp_worker, tmp_path)

@@ -286,8 +286,8 @@ def test_benchmark_detector_mode_refuses_unknown_configs():
 
 def test_benchmark_compile_pairs_each_model_with_its_eager_run():
     """``--compile both``: every model twice, compiled (with its backend) and eager; a compiled
-    row is compared with its own eager row and with the other compiled models only; a detector
-    is refused, and so is a backend without --compile."""
+    row is compared with its own eager row and with the other compiled models only; a backend
+    without --compile is refused."""
     from srvit_backbones.benchmark import runner
 
     args = runner.parse_args(["--model", "srvit_t_t2", "--compile", "both", "--references", "deit_small_patch16_224"])
@@ -300,11 +300,32 @@ def test_benchmark_compile_pairs_each_model_with_its_eager_run():
         ("srvit_t_t2 infer", "deit_small_patch16_224 infer"),
         ("srvit_t_t2 infer compiled", "deit_small_patch16_224 infer compiled"),
         ("srvit_t_t2 infer compiled", "srvit_t_t2 infer")]
-    bench = load_tool("benchmark")
-    with pytest.raises(SystemExit, match="--compile times compiled backbones"):
-        bench.main(["--detector", "mask_rcnn_srvit_s_t3.py", "--compile"])
     with pytest.raises(SystemExit, match="--compile-backend aot_eager chooses --compile's backend: add --compile"):
-        bench.main(["--compile-backend", "aot_eager"])
+        load_tool("benchmark").main(["--compile-backend", "aot_eager"])
+
+
+def test_benchmark_compile_both_times_a_detector_with_its_backbone_compiled_by_the_switch():
+    """``--detector --compile both``, a CPU dry run at 64 pixels: the windowed detector eager and
+    with its backbone compiled by ``model.backbone.net.compile`` (one graph, no break), paired;
+    a detector of another backbone (detectron2's ViT, the reference) has its backbone compiled
+    in place."""
+    from srvit_backbones.detectron2.benchmark import detector_config, detector_step
+
+    argv = ["--detector", "quickstart/mask_rcnn_srvit_tiny_win_cpu.py", "--detector-opts", *TINY_DETECTOR_OPTS,
+            "model.backbone.net.layout=[1]", "--batch-size", "1", "--warmup", "0", "--repeats", "1", "--modes",
+            "train", "--compile", "both", "--compile-backend", "eager", "--peak-memory", "off", "--default-malloc"]
+    rows = load_tool("benchmark").main(argv)["rows"]
+    assert [r["compiled"] for r in rows] == [False, True]
+    assert rows[1]["graph_breaks"] == 0 and rows[1]["graphs"] == 1 and rows[1]["median_s"] > 0
+
+    cfg, _ = detector_config("quickstart/mask_rcnn_srvit_tiny_win_cpu.py", compile=dict(backend="eager"))
+    assert cfg.model.backbone.net.compile == dict(backend="eager")  # the switch a user sets
+    step, model, _ = detector_step("reference/mask_rcnn_vitdet_b.py", ["model.backbone.square_pad=64",
+                                   "model.backbone.net.img_size=64", "model.backbone.net.depth=1",
+                                   "model.backbone.net.window_block_indexes=[]"], mode="infer",
+                                   compile=dict(backend="eager"))
+    assert model.backbone.net._compiled_call_impl is not None
+    step()
 
 
 def test_a_compiled_models_graph_breaks_and_graphs_are_recorded():
@@ -429,8 +450,8 @@ def test_attention_mode_times_every_kernel_and_checks_it_against_detectron2(tmp_
                                           "--repeats", "2", "--device", "cpu", "--json", str(tmp_path / "a.json")])
     rows = json.loads((tmp_path / "a.json").read_text())["rows"]
     assert rows == result["rows"]
-    names = ["flash, no bias", "detectron2 formula", "ours (default choice)", "ours: blocked", "ours: bias", "ours: flex",
-             "broken"]
+    names = ["flash, no bias", "detectron2 formula", "ours (default choice)", "ours: blocked", "ours: folded", "ours: bias",
+             "ours: flex", "broken"]
     assert [(r["case"], r["dtype"], r["kernel"]) for r in rows] == [
         (case, dtype, k) for case in ("global", "windows") for dtype in ("float32", "bfloat16") for k in names]
     assert {(r["case"], r["images"], tuple(r["grid"])) for r in rows} == {("global", 1, (4, 4)), ("windows", 1, (14, 14))}
@@ -450,6 +471,11 @@ def test_attention_mode_times_every_kernel_and_checks_it_against_detectron2(tmp_
             assert min(r["gradient_cosines"]) > (0.99999 if r["dtype"] == "float32" else 0.99), r
     by = {(r["case"], r["dtype"], r["kernel"]): r for r in rows}
     assert by["windows", "float32", "ours: blocked"]["saved_mib"] < by["windows", "float32", "ours: bias"]["saved_mib"]
+    for case in ("global", "windows"):  # emulated CUDA: the default is folded, fused, in fewer operations than bias
+        default, bias = by[case, "float32", "ours (default choice)"], by[case, "float32", "ours: bias"]
+        assert default["cuda_backends"] in (["cudnn"], ["flash"]) and bias["cuda_backends"] == ["efficient"]
+        assert default["cuda_training_operations"] < bias["cuda_training_operations"]
+        assert by[case, "float32", "ours: flex"]["cuda_training_operations"] is None
     for case in ("global", "windows"):  # the CPU's default is blocked: the counter sees the same operations
         default, blocked = by[case, "float32", "ours (default choice)"], by[case, "float32", "ours: blocked"]
         assert (default["forward_launches"], default["forward_backward_launches"]) == \

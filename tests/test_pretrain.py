@@ -2,6 +2,7 @@
 distillation, the Table 8 recipe, and its checkpoints flowing into both frameworks."""
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -13,7 +14,8 @@ from timm.data import auto_augment
 
 from srvit_backbones import create_srvit
 from srvit_backbones.pretrain import augment, engine, recipe, trainer
-from helpers import interpolated_pos_embed, load_tool
+from helpers import (child_pids, divergence_report, file_size_limit, free_port, interpolated_pos_embed, is_running,
+                     load_tool, torchrun, wait_for_text)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -477,3 +479,75 @@ def test_a_non_finite_loss_is_caught_at_the_logging_period(image_folder, tmp_pat
         engine.train_one_epoch(0, run.train_model, run.train_loader, run.optimizer, first_loss_nan, run.scheduler,
                                run.args, state=run.state)
     assert calls == [0, 1]  # the second step ran: nothing read the first loss before the period
+
+
+# ----------------------------------------------------------------------------- faults (issue 45)
+def test_a_diverged_run_stops_naming_the_last_checkpoint(image_folder, tmp_path):
+    """A real divergence (lr 1e6, checked every iteration): stopped at once, naming the iteration,
+    what to try and the last checkpoint, which holds finite weights (non-finite ones are not saved)."""
+    with pytest.raises(FloatingPointError) as error:
+        load_tool("pretrain").main(tiny_args(image_folder, tmp_path, "--epochs", "3", "--lr", "1e6",
+                                             "--warmup-epochs", "0", "--mixup", "0", "--cutmix", "0"))
+    iteration, last = divergence_report(str(error.value))
+    assert iteration <= 4 and "--lr" in str(error.value)
+    if last is not None:
+        assert last == str(tmp_path / "last.pth")
+        assert all(torch.isfinite(v).all() for v in torch.load(last, weights_only=True)["model"].values())
+
+
+def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(interrupted, image_folder, tmp_path):
+    """A full disk while last.pth is rewritten (ulimit -f): an error naming the file and the
+    cause, the earlier last.pth untouched; --resume auto then ends where the uninterrupted run ends."""
+    _, out, straight = interrupted
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out, resumed)
+    saved = (resumed / "last.pth").read_bytes()
+    argv = tiny_args(image_folder, resumed, *RESUME_ARGS, "--resume", "auto")
+    with file_size_limit(len(saved) // 2), \
+            pytest.raises(OSError, match=rf"'{resumed / 'last.pth'}' was not written: File too large"):
+        load_tool("pretrain").main(argv)
+    assert (resumed / "last.pth").read_bytes() == saved and not list(resumed.glob("*.tmp"))
+
+    load_tool("pretrain").main(argv)
+    got, expected = (torch.load(d / "last.pth", weights_only=True) for d in (resumed, straight))
+    assert got["global_iter"] == expected["global_iter"] == 6
+    assert_same_tensors(got["model"], expected["model"])
+
+
+def test_a_rank_killed_mid_epoch_ends_the_job_on_every_machine(image_folder, tmp_path):
+    """2 machines x 1 process on 127.0.0.1; rank 1's worker SIGKILLed in the middle of epoch 1:
+    both machines' torchrun exit non-zero within 120 s, no worker is left, the log names rank 1
+    and the signal, and the checkpoint of epoch 0 is as it was written."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get(
+        "PYTHONPATH")])))
+    port, logs, agents = free_port(), [tmp_path / f"node{r}.log" for r in (0, 1)], []
+    for rank, log in enumerate(logs):
+        agents.append(subprocess.Popen(
+            [sys.executable, *torchrun("2x1", port, rank), os.path.join(ROOT, "tools", "pretrain.py"),
+             *tiny_args(image_folder, tmp_path / "out", "--epochs", "2", "--max-iters-per-epoch", "4",
+                        "--device", "cpu")], env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT))
+    try:
+        wait_for_text(logs[0], "epoch 1 [1/4]", agents[0])  # rank 0 logs; epoch 0's last.pth is written
+        saved = (tmp_path / "out" / "last.pth").read_bytes()
+        workers = [pid for agent in agents for pid in child_pids(agent.pid)]
+        (victim,) = child_pids(agents[1].pid)
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        codes = [agent.wait(timeout=120) for agent in agents]
+        seconds = time.monotonic() - killed
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+    assert all(code != 0 for code in codes) and seconds < 120, (codes, seconds)
+    assert len(workers) == 2 and not any(is_running(pid) for pid in workers)
+    node1 = logs[1].read_text()
+    assert re.search(r"rank\s*: 1 \(local_rank: 0\)\s+exitcode\s*: -9", node1), node1[-2000:]
+    assert (tmp_path / "out" / "last.pth").read_bytes() == saved
+    assert torch.load(tmp_path / "out" / "last.pth", weights_only=True)["epoch"] == 0
+

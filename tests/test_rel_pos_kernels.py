@@ -39,8 +39,8 @@ def cosine(a, b):
 #: rows (200 scores) with the CPU's and the GPU's choices, ``bias`` with its whole bias and in
 #: calls of one map each (200 elements), and the GPU's default
 KERNEL_RUNS = {"blocked_cpu": ("blocked", "cpu", 200), "blocked_cuda": ("blocked", "cuda", 200),
-               "bias_whole": ("bias", "cuda", None), "bias_calls": ("bias", "cuda", 200),
-               "gpu_default": (None, "cuda", None)}
+               "folded": ("folded", "cuda", None), "bias_whole": ("bias", "cuda", None),
+               "bias_calls": ("bias", "cuda", 200), "gpu_default": (None, "cuda", None)}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -57,7 +57,7 @@ def test_every_kernel_equals_detectron2_in_fp32(case, kernel, device_type, block
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-LOW_PRECISION_RUNS = ("blocked_cpu", "blocked_cuda", "bias_whole", "bias_calls")
+LOW_PRECISION_RUNS = ("blocked_cpu", "blocked_cuda", "folded", "bias_whole", "bias_calls")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -90,20 +90,63 @@ def test_flex_forward_equals_detectron2(case):
 
 
 def test_the_kernel_is_chosen_by_device_type_and_the_switch(monkeypatch):
-    """The CPU keeps the kernel tuned there; a GPU attends with ``bias`` whatever the sizes;
-    dropout takes autograd block by block; the ``flex`` switch applies where flex can run."""
-    assert choose_kernel("cpu", 0.0, True) == choose_kernel("cpu", 0.0, False) == "blocked"
-    assert choose_kernel("cuda", 0.0, True) == choose_kernel("cuda", 0.0, False) == "bias"
-    assert choose_kernel("cuda", 0.1, True) == "blocked"
+    """The CPU keeps the kernel tuned there (dropout included); a GPU attends with ``folded``
+    whatever the sizes and the dropout; a forced kernel applies where it can run (flex: no
+    dropout, no backward on the CPU; bias: no dropout)."""
+    assert choose_kernel("cpu", 0.0, True) == choose_kernel("cpu", 0.0, False) == choose_kernel("cpu", 0.1, True) \
+        == "blocked"
+    assert choose_kernel("cuda", 0.0, True) == choose_kernel("cuda", 0.0, False) == choose_kernel("cuda", 0.1, True) \
+        == "folded"
     monkeypatch.setattr(rel_pos, "_forced_kernel", None)
     assert set_rel_pos_kernel("flex") is None  # the setting it replaced
     assert choose_kernel("cuda", 0.0, True) == "flex"
     assert choose_kernel("cpu", 0.0, False) == "flex"
     assert choose_kernel("cpu", 0.0, True) == "blocked"  # no flex backward on the CPU
     assert choose_kernel("cuda", 0.1, True) == "blocked"  # no dropout in flex
-    assert set_rel_pos_kernel(None) == "flex"
-    with pytest.raises(ValueError, match=r"unknown relative-position kernel 'fast'.*choose one of \('blocked', 'bias', 'flex'\)"):
+    assert set_rel_pos_kernel("bias") == "flex"
+    assert choose_kernel("cpu", 0.0, True) == choose_kernel("cuda", 0.0, True) == "bias"
+    assert choose_kernel("cuda", 0.1, True) == "blocked"
+    assert set_rel_pos_kernel("folded") == "bias"
+    assert choose_kernel("cpu", 0.1, True) == "folded"
+    assert set_rel_pos_kernel(None) == "folded"
+    with pytest.raises(ValueError, match=r"unknown relative-position kernel 'fast'.*choose one of "
+                                         r"\('blocked', 'folded', 'bias', 'flex'\)"):
         set_rel_pos_kernel("fast")
+
+
+@pytest.mark.parametrize("grid,window", [((5, 7), 0), ((6, 6), 3), ((6, 7), 4)], ids=["global", "windows", "padded_windows"])
+def test_the_folded_kernel_equals_detectron2_in_float64(grid, window):
+    """``folded`` against detectron2's formula in float64, where only the arithmetic's order can
+    differ: the output and the gradients of q, k, v and both tables to 1e-10, on a global grid,
+    on whole windows and on windows of a padded grid (``window_qkv``'s zero tokens attend as
+    ViTDet's do)."""
+    from srvit_backbones.models.window import window_qkv
+
+    heads, C = 2, 8
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(2, grid[0] * grid[1], 3 * heads * C, generator=g, dtype=torch.float64)
+    if window:
+        q, k, v = window_qkv(qkv, torch.randn(3 * heads * C, generator=g, dtype=torch.float64), grid, window,
+                             heads)
+    else:
+        q, k, v = qkv.view(2, -1, 3, heads, C).permute(2, 0, 3, 1, 4).unbind(0)
+    size = (window, window) if window else grid
+    tables = [torch.randn(2 * n - 1, C, generator=g, dtype=torch.float64) for n in size]
+    tensors = [t.contiguous().requires_grad_() for t in (q, k, v)] + [t.requires_grad_() for t in tables]
+    got = rel_pos_attention(*tensors, size, kernel="folded")
+    expected = detectron2_attention(*tensors, size)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    for a, b in zip(grads_of(got, tensors), grads_of(expected, tensors)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_the_folded_kernels_head_dims_are_aligned_for_the_fused_kernels():
+    """q.k carries the channels and one term per key row and column, aligned to 8; v keeps its
+    own head dim while q.k fits cuDNN's training (128), beyond it takes q.k's (flash's rule)."""
+    assert rel_pos.folded_head_dims(64, (14, 14)) == (96, 64)
+    assert rel_pos.folded_head_dims(64, (64, 64)) == (192, 192)
+    assert rel_pos.folded_head_dims(8, (5, 7)) == (24, 8)
+    assert rel_pos.folded_head_dims(6, (3, 3)) == (16, 8)
 
 
 def test_the_bias_kernel_takes_a_few_calls_of_whole_maps_at_any_batch():
@@ -127,7 +170,8 @@ def test_the_bias_kernel_keeps_its_bias_only_within_the_budget(monkeypatch):
     def largest_saved(dtype):
         sizes = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
-            rel_pos_attention(*[t.detach().to(dtype).requires_grad_() for t in tensors], size, device_type="cuda")
+            rel_pos_attention(*[t.detach().to(dtype).requires_grad_() for t in tensors], size, device_type="cuda",
+                              kernel="bias")
         return max(sizes)
 
     assert largest_saved(torch.float32) >= bias_elements  # within the budget: the whole bias, kept
@@ -136,14 +180,10 @@ def test_the_bias_kernel_keeps_its_bias_only_within_the_budget(monkeypatch):
         assert largest_saved(dtype) <= tensors[0].numel()  # q, k, v, the per-axis terms
 
 
-#: one relative-position application at ViTDet's geometry (1024, 6 heads of 64): (images, grid)
-APPLICATIONS_1024 = {"global_batch_2": (2, (64, 64)), "windows_batch_2": (2 * 25, (14, 14)),
-                     "windows_batch_16": (16 * 25, (14, 14))}
-
-
 def training_step_launches(images, grid, device, **kwargs):
     """The launches of one training step of one application with the GPU's choices (forward,
-    then the backward from a given output gradient; the relative index made before), fp32."""
+    then the backward from a given output gradient; the constants made before), fp32, counted
+    op by op as the CPU dispatches them (tests/test_cuda_dispatch.py counts what CUDA would run)."""
     n = grid[0] * grid[1]
     new = torch.randn if device == "cpu" else torch.empty
     tensors = [new(images, 6, n, 64, device=device).requires_grad_() for _ in range(3)]
@@ -158,37 +198,28 @@ def training_step_launches(images, grid, device, **kwargs):
     return count_launches(step)
 
 
-@pytest.mark.parametrize("case", APPLICATIONS_1024)
-def test_a_training_step_of_one_application_takes_at_most_80_launches_on_a_gpu(case):
-    """Issue 35's target, counted with the GPU's choices (``launches.LaunchCounter``) on meta
-    tensors (no memory, no arithmetic): the global grid at batch 2 and the windows at batch 2 and
-    16 in at most 80 launches (the row blocks took 535 and 231). The CPU's SDPA differentiates a
-    bias through its matmul-softmax-matmul, counted op by op: a GPU's memory-efficient kernel
-    makes one launch of each call's forward and one of its backward, fewer than counted here."""
-    counter = training_step_launches(*APPLICATIONS_1024[case], "meta")
-    assert counter.total <= 80, counter.ops
-
-
 def test_launches_counted_on_meta_tensors_are_the_cpus():
-    """What the meta device counts is what the CPU runs, the chunked calls included."""
-    for block_elements in (None, 200):
-        assert training_step_launches(3, (5, 4), "meta", block_elements=block_elements).ops == \
-            training_step_launches(3, (5, 4), "cpu", block_elements=block_elements).ops
+    """What the meta device counts is what the CPU runs, for the GPU's kernels (``folded``, and
+    ``bias`` with its chunked calls)."""
+    for kernel, block_elements in (("folded", None), ("bias", None), ("bias", 200)):
+        assert training_step_launches(3, (5, 4), "meta", kernel=kernel, block_elements=block_elements).ops == \
+            training_step_launches(3, (5, 4), "cpu", kernel=kernel, block_elements=block_elements).ops
 
 
-@pytest.mark.parametrize("kernel,device_type,block_elements", [("blocked", "cpu", 2 * 2 * 2 * 7 * 35), ("bias", "cuda", 2500)],
-                         ids=["blocked_row_blocks", "bias_in_calls"])
+@pytest.mark.parametrize("kernel,device_type,block_elements", [("blocked", "cpu", 2 * 2 * 2 * 7 * 35), ("bias", "cuda", 2500),
+                                                                ("folded", "cuda", None)],
+                         ids=["blocked_row_blocks", "bias_in_calls", "folded"])
 def test_a_training_step_compiles_without_a_graph_break(kernel, device_type, block_elements):
     """``torch.compile(fullgraph=True)`` (a graph break is an error) of the forward and its
     backward with blocks of grid rows (the CPU's global grid at 1024 takes them; here blocks of 2
-    rows of both images) and with the GPU's calls of whole maps (2 here): eager's output and
-    gradients to 1e-5."""
+    rows of both images), with the ``bias`` calls of whole maps (2 here) and with ``folded``:
+    eager's output and gradients to 1e-5."""
     import torch._dynamo
 
     tensors, size = inputs("global")
     if kernel == "blocked":
         assert rel_pos._query_blocks(2, 2, 5, 7, 35, block_elements)[1] == (slice(0, 2), slice(2, 4))
-    else:
+    elif kernel == "bias":
         assert bias_calls(2 * 2, 35, 35, block_elements) == 2
 
     def forward(*t):

@@ -134,7 +134,7 @@ def test_window_padding_round_trips_and_windows_are_local():
     outputs of that window only."""
     heads, C = 2, 2
     qkv, bias = torch.randn(2, 5 * 7, 3 * heads * C), torch.randn(3 * heads * C)
-    windows = window_qkv(qkv, bias, (5, 7), 3, heads)
+    windows = torch.stack(window_qkv(qkv, bias, (5, 7), 3, heads))
     assert windows.shape == (3, 2 * 2 * 3, heads, 9, C)
     per_head = qkv.view(2, 5, 7, 3, heads, C).permute(3, 0, 4, 1, 2, 5)  # (q/k/v, image, head, row, col, C)
     as_grid = windows.view(3, 2, 6, heads, 3, 3, C)                          # (q/k/v, image, window, head, 3, 3, C)
@@ -146,7 +146,7 @@ def test_window_padding_round_trips_and_windows_are_local():
     for i in range(3):
         unwindowed = per_head[i].permute(0, 2, 3, 1, 4).reshape(2, 35, heads * C)
         assert torch.equal(merge_windows(windows[i], (5, 7), 3), unwindowed)
-    last = window_qkv(qkv, None, (5, 7), 3, heads).view(3, 2, 6, heads, 3, 3, C)[:, 0, 5]  # no bias: zeros
+    last = torch.stack(window_qkv(qkv, None, (5, 7), 3, heads)).view(3, 2, 6, heads, 3, 3, C)[:, 0, 5]  # no bias: zeros
     assert (last[:, :, 2] == 0).all() and (last[:, :, :, 1:] == 0).all()
 
     block = randomized(tiny(window_size=3, use_rel_pos=True)).units[1].blocks[1]  # windowed only
@@ -627,6 +627,38 @@ def test_the_backbones_compile_whole_and_match_eager(options):
     assert compiled_grads.keys() == grads.keys()
     for name, grad in grads.items():
         torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_the_windowed_detector_backbone_at_1024_compiles_whole_with_the_gpus_kernels(monkeypatch):
+    """The backbone of mask_rcnn_srvit_s_t3_win.py (S-T3, 14x14 windows padded on the 64x64 grid,
+    relative positions, 5 global applications of 32) in training at 1024, batch 1, with the
+    attention kernels a CUDA device chooses (``device_type='cuda'``): what the backbones' compile
+    switch compiles, with ``fullgraph=True`` (a graph break is an error), makes one graph of the
+    whole forward. Traced only, on fake tensors (no arithmetic at 1024 on this CPU); the compiled
+    runs that compute are compared with eager at small sizes (the DDP tests of each framework,
+    test_the_backbones_compile_whole_and_match_eager)."""
+    import torch._dynamo
+
+    from srvit_backbones.models import attention, rel_pos
+    from srvit_backbones.models.compiled import feature_maps
+
+    monkeypatch.setattr(attention, "rel_pos_attention", partial(rel_pos.rel_pos_attention, device_type="cuda"))
+    model = create_srvit("srvit_s_t3", img_size=1024, window_size=14, use_rel_pos=True, global_attn_indexes=None,
+                         num_classes=0, global_pool="", drop_path_rate=0.1).train()
+    model.prune_intermediate_layers([len(model.feature_points) - 1], prune_norm=True)  # as SRViTBackbone
+    assert model.effective_depth == 32 and len(model.global_attn_indexes) == 5
+    graphs = []
+
+    def trace_only(graph, example_inputs):
+        graphs.append(graph)
+        outputs = next(node for node in graph.graph.nodes if node.op == "output").args[0]
+        shapes = [(o.meta["example_value"].shape, o.meta["example_value"].dtype) for o in outputs]
+        return lambda *args: [torch.empty(shape, dtype=dtype) for shape, dtype in shapes]
+
+    torch._dynamo.reset()
+    # the function the switch compiles, compiled here without the switch's cache of settings
+    features = torch.compile(feature_maps, backend=trace_only, fullgraph=True)(model, torch.randn(1, 3, 1024, 1024), [])
+    assert len(graphs) == 1 and features["last_feat"].shape == (1, 384, 64, 64)
 
 
 @pytest.mark.parametrize("window", [0, 3], ids=["global", "windows"])

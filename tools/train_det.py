@@ -11,7 +11,8 @@ import argparse
 from mmengine.config import DictAction
 from mmengine.runner import Runner
 
-from srvit_backbones.mmdet.tools import add_data_arguments, apply_amp, check_data, load_config
+from srvit_backbones.mmdet.tools import (add_data_arguments, apply_amp, check_compile, check_data, load_config,
+                                         prepare_training)
 from srvit_backbones.openmmlab.fine_tune import check_load_from
 
 
@@ -36,6 +37,7 @@ def build_runner(argv=None) -> Runner:
     args = parse_args(argv)
     cfg = load_config(args)
     apply_amp(cfg, args.amp)
+    check_compile(cfg)
     if args.auto_scale_lr:
         if "auto_scale_lr" not in cfg or "base_batch_size" not in cfg.auto_scale_lr:
             raise SystemExit("--auto-scale-lr needs auto_scale_lr=dict(base_batch_size=...) in the config")
@@ -45,6 +47,7 @@ def build_runner(argv=None) -> Runner:
     elif args.resume is not None:
         cfg.resume, cfg.load_from = True, args.resume
     check_data(cfg, ("train_dataloader", "val_dataloader"), read_files=not args.skip_data_check)
+    prepare_training(cfg)
     runner = Runner.from_cfg(cfg)
     check_load_from(runner)  # fine-tuning: only the class-dependent layers may differ
     return runner

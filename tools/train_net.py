@@ -20,14 +20,14 @@ import os
 import sys
 
 from detectron2.config import instantiate
-from detectron2.engine import default_argument_parser, default_setup, default_writers, hooks, launch
+from detectron2.engine import default_argument_parser, default_setup, default_writers, hooks
 from detectron2.engine.defaults import create_ddp_model
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 
 from srvit_backbones.config_files import resolve_config
 from srvit_backbones.data_check import add_coco_arguments, add_skip_argument
-from srvit_backbones.detectron2 import SRViTCheckpointer, custom_data, training, validate_config
+from srvit_backbones.detectron2 import SRViTCheckpointer, custom_data, faults, training, validate_config
 
 logger = logging.getLogger("srvit.train_net")
 
@@ -80,10 +80,11 @@ def build_trainer(args, cfg):
     train_loader = instantiate(cfg.dataloader.train)
     model = create_ddp_model(model, **ddp_kwargs(cfg))
     trainer = training.trainer_class(cfg)(model, train_loader, optim)
-    checkpointer = SRViTCheckpointer(model, cfg.train.output_dir, trainer=trainer)
+    trainer.checkpointer = checkpointer = SRViTCheckpointer(model, cfg.train.output_dir, trainer=trainer)
     trainer.register_hooks([
         hooks.IterationTimer(),
         hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
+        faults.DivergenceCheck(checkpointer),
         hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if comm.is_main_process() else None,
         hooks.EvalHook(cfg.train.eval_period, lambda: do_test(cfg, model)),
         hooks.PeriodicWriter(default_writers(cfg.train.output_dir, cfg.train.max_iter),
@@ -96,7 +97,8 @@ def build_trainer(args, cfg):
 
 def do_train(args, cfg):
     trainer, start_iter = build_trainer(args, cfg)
-    trainer.train(start_iter, cfg.train.max_iter)
+    with faults.explained_divergence(trainer):
+        trainer.train(start_iter, cfg.train.max_iter)
 
 
 def load_config(args):
@@ -137,5 +139,4 @@ def parse_args(argv=None):
 if __name__ == "__main__":
     args = parse_args()
     check_data(args)
-    launch(main, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
-           dist_url=args.dist_url, args=(args,))
+    faults.launch(main, args)

@@ -11,7 +11,8 @@ import argparse
 from mmengine.config import DictAction
 from mmengine.runner import Runner
 
-from srvit_backbones.mmseg.tools import add_data_arguments, apply_amp, check_data, load_config
+from srvit_backbones.mmseg.tools import (add_data_arguments, apply_amp, check_compile, check_data, load_config,
+                                         prepare_training)
 from srvit_backbones.openmmlab.fine_tune import check_load_from
 
 
@@ -35,8 +36,10 @@ def build_runner(argv=None) -> Runner:
     args = parse_args(argv)
     cfg = load_config(args)
     apply_amp(cfg, args.amp)
+    check_compile(cfg)
     cfg.resume = args.resume
     check_data(cfg, ("train_dataloader", "val_dataloader"), read_files=not args.skip_data_check)
+    prepare_training(cfg)
     runner = Runner.from_cfg(cfg)
     check_load_from(runner)  # fine-tuning: only the class-dependent layers may differ
     return runner

@@ -7,11 +7,14 @@ configs change in a COCO config.
 - model: 1203 classes; every box predictor with sigmoid cross-entropy and the federated loss
   (class weights: LVIS v1's image counts to the power 0.5), score threshold 0.02, top 300
 - schedule: as many epochs as the COCO recipe (ViTDet's ratio: 156250 LVIS iterations for
-  184375 COCO ones, LVIS v1 train holding 100k images to COCO's 118k), same warmup in iterations.
+  184375 COCO ones, LVIS v1 train holding 100k images to COCO's 118k), same warmup in iterations;
+  twice the COCO lr (ViTDet's LVIS configs set 2e-4 where its COCO ones take 1e-4, the same
+  batch); LVIS val evaluated every 30000 iterations (ViTDet's LVIS eval_period: an evaluation of
+  LVIS val takes long), checkpoints as often as on COCO.
 
 ``lvis_box_predictor`` updates a FastRCNNOutputLayers config (Cascade R-CNN: each of the three);
-``lvis_schedule(train, lr_multiplier)`` rescales a COCO schedule. An LVIS config pointed at a
-COCO-format file is refused by tools/train_net.py before anything is built
+``lvis_schedule(train, lr_multiplier, optimizer)`` turns a COCO schedule into LVIS's. An LVIS
+config pointed at a COCO-format file is refused by tools/train_net.py before anything is built
 (srvit_backbones.lvis.check_lvis_annotations).
 """
 from detectron2.config import LazyCall as L
@@ -48,11 +51,15 @@ lvis_box_predictor = dict(
 )
 
 COCO_TO_LVIS_ITERATIONS = 156250 / 184375  # ViTDet's 100-epoch schedules: LVIS / COCO
+COCO_TO_LVIS_LR = 2e-4 / 1e-4  # ViTDet's lr: LVIS / COCO
+EVAL_PERIOD = 30000  # ViTDet's LVIS train.eval_period
 
 
-def lvis_schedule(train, lr_multiplier):
-    """The COCO schedule ``train.max_iter`` over LVIS's epochs; warmup kept in iterations; the
-    eval and checkpoint periods kept."""
+def lvis_schedule(train, lr_multiplier, optimizer):
+    """The COCO schedule ``train.max_iter`` over LVIS's epochs, warmup kept in iterations; the
+    COCO lr times ViTDet's LVIS / COCO ratio; ViTDet's LVIS eval period; the checkpoint period kept."""
     coco_iters = train.max_iter
     train.max_iter = round(coco_iters * COCO_TO_LVIS_ITERATIONS)
     lr_multiplier.warmup_length *= coco_iters / train.max_iter
+    optimizer.lr *= COCO_TO_LVIS_LR
+    train.eval_period = EVAL_PERIOD

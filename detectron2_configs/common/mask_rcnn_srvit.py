@@ -29,6 +29,10 @@ model.backbone.net = L(SRViTBackbone)(
     # allow_partial=True (the missing ones keep their initialisation and are logged).
     prefer_ema=False,
     allow_partial=False,
+    # torch.compile the backbone in training and inference: True (inductor), or a dict of
+    # torch.compile's arguments, e.g. model.backbone.net.compile={mode:max-autotune}. The
+    # heads stay eager (their shapes depend on the data).
+    compile=False,
 )
 model.backbone.in_feature = "last_feat"
 model.backbone.square_pad = image_size

@@ -7,4 +7,4 @@ from ..common.lvis import num_classes as _num_classes
 
 model.roi_heads.num_classes = _num_classes
 [predictor.update(_lvis_box_predictor) for predictor in model.roi_heads.box_predictors]
-_lvis_schedule(train, lr_multiplier)
+_lvis_schedule(train, lr_multiplier, optimizer)

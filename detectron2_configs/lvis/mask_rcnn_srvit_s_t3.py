@@ -1,10 +1,11 @@
 """SR-ViT-S T=3, Mask R-CNN on LVIS v1: ../mask_rcnn_srvit_s_t3.py (backbone, recipe, layer decay,
 checkpoint) with ViTDet's LVIS settings (common/lvis.py): repeat-factor sampling, LVISEvaluator,
-1203 classes, sigmoid CE with the federated loss, score threshold 0.02, top 300, LVIS's epochs."""
+1203 classes, sigmoid CE with the federated loss, score threshold 0.02, top 300, LVIS's epochs,
+twice the COCO lr, ViTDet's LVIS eval period."""
 from ..common.lvis import dataloader, lvis_box_predictor as _lvis_box_predictor, lvis_schedule as _lvis_schedule
 from ..common.lvis import num_classes as _num_classes
 from ..mask_rcnn_srvit_s_t3 import lr_multiplier, model, optimizer, train
 
 model.roi_heads.num_classes = _num_classes
 model.roi_heads.box_predictor.update(_lvis_box_predictor)
-_lvis_schedule(train, lr_multiplier)
+_lvis_schedule(train, lr_multiplier, optimizer)

@@ -34,7 +34,10 @@ model = dict(
         drop_path_rate=0.1,
         with_cp=False,
         prefer_ema=False,  # True: a pretraining checkpoint's EMA weights
-        allow_partial=False),  # variant configs add init_cfg=dict(type='Pretrained', checkpoint=...)
+        allow_partial=False,  # variant configs add init_cfg=dict(type='Pretrained', checkpoint=...)
+        # torch.compile the backbone: True (inductor) or torch.compile's arguments, e.g.
+        # dict(mode='max-autotune'); the heads stay eager (their shapes depend on the data)
+        compile=False),
     neck=dict(
         _delete_=True,
         type='SimpleFeaturePyramid',
@@ -96,8 +99,10 @@ val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 default_hooks = dict(
     logger=dict(interval=50),
-    checkpoint=dict(by_epoch=False, interval=interval, save_last=True, max_keep_ckpts=3))
+    # written whole or not at all (docs/faults.md)
+    checkpoint=dict(type='SRViTCheckpointHook', by_epoch=False, interval=interval, save_last=True, max_keep_ckpts=3))
 log_processor = dict(by_epoch=False)
 # gradients all-reduced in fp16 under DDP (detectron2's train.ddp.fp16_compression)
-custom_hooks = [dict(type='Fp16CompressionHook')]
+# and a diverged run stopped (DivergenceCheckHook, docs/faults.md)
+custom_hooks = [dict(type='Fp16CompressionHook'), dict(type='DivergenceCheckHook')]
 auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -3,15 +3,15 @@
 # - three Shared4Conv1FCBBoxHead stages (4 convs + 1 fc of 1024, LayerNorm), class-agnostic
 #   regression, box-delta stds 1/(10, 10, 5, 5), 1/(20, 20, 10, 10), 1/(30, 30, 15, 15)
 #   (detectron2's Box2BoxTransform weights), L1 box loss (detectron2's smooth L1 with beta 0)
-# - proposals matched at IoU 0.5 / 0.6 / 0.7, no low-quality matches; 512 RoIs, 25% positive
+# - proposals matched at IoU 0.5 / 0.6 / 0.7, no low-quality matches; stage 1 samples 512 RoIs,
+#   25% positive, ground truth added; stages 2 and 3 train on every box the previous stage refined
+#   (PseudoSampler; SingleMaskCascadeRoIHead keeps the refined ground-truth boxes), as detectron2's do
 # - one mask head, trained on the first stage's samples, run on the final boxes (detectron2's;
 #   mmdet's CascadeRoIHead would hold one per stage)
-# - the stages' losses unweighted (detectron2 sums them; it also scales the gradient reaching the
-#   pooled features by 1/3, which mmdet has no setting for)
+# - the stages' losses unweighted (detectron2 sums them) and the gradient reaching the pooled
+#   features scaled by 1/3 in each stage (detectron2's _ScaleGradient: SingleMaskCascadeRoIHead)
 # vitdet_cascade_roi_head_lvis: the same with LVIS v1's box predictors (1203 classes, sigmoid CE with
-# the federated loss: srvit_backbones.mmdet.FederatedSigmoidCELoss).
-# the federated loss's class weights: the LVIS recipes' training file (a test checks they agree)
-vitdet_cascade_lvis_ann_file = 'data/lvis_v1/annotations/lvis_v1_train.json'
+# the federated loss: srvit_backbones.mmdet.FederatedSigmoidCELoss, LVIS v1's shipped image counts).
 
 
 def _stage(weights, num_classes=80, loss_cls=None):
@@ -38,14 +38,17 @@ vitdet_cascade_roi_head = dict(
     bbox_head=[_stage(w) for w in _box_weights])
 vitdet_cascade_roi_head_lvis = dict(
     vitdet_cascade_roi_head,
-    bbox_head=[_stage(w, 1203, dict(type='FederatedSigmoidCELoss', ann_file=vitdet_cascade_lvis_ann_file, num_classes=1203,
+    bbox_head=[_stage(w, 1203, dict(type='FederatedSigmoidCELoss', image_counts='lvis_v1', num_classes=1203,
                                     freq_weight_power=0.5, num_fed_loss_classes=50)) for w in _box_weights])
 vitdet_cascade_rcnn_train_cfg = [
     dict(
         assigner=dict(type='MaxIoUAssigner', pos_iou_thr=iou, neg_iou_thr=iou, min_pos_iou=iou,
                       match_low_quality=False, ignore_iof_thr=-1),
-        sampler=dict(type='RandomSampler', num=512, pos_fraction=0.25, neg_pos_ub=-1, add_gt_as_proposals=True),
+        sampler=sampler,
         mask_size=28,
         pos_weight=-1,
-        debug=False) for iou in (0.5, 0.6, 0.7)
+        debug=False) for iou, sampler in zip((0.5, 0.6, 0.7), [
+            dict(type='RandomSampler', num=512, pos_fraction=0.25, neg_pos_ub=-1, add_gt_as_proposals=True),
+            dict(type='PseudoSampler'),
+            dict(type='PseudoSampler')])
 ]

@@ -55,6 +55,6 @@ param_scheduler = [
 ]
 train_cfg = dict(max_iters=max_iters, val_interval=max_iters)
 default_hooks = dict(logger=dict(interval=20), checkpoint=dict(interval=150))
-custom_hooks = []
+custom_hooks = [dict(type='DivergenceCheckHook')]  # no fp16 compression on the CPU
 randomness = dict(seed=0)
 work_dir = 'output/quickstart_mmdet'

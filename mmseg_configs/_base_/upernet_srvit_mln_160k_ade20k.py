@@ -33,6 +33,9 @@ model = dict(
         out_indices=None,  # the four recursive units (R4, R3, R2, R1)
         drop_path_rate=0.1,
         with_cp=False,
+        # torch.compile the backbone: True (inductor) or torch.compile's arguments, e.g.
+        # dict(mode='max-autotune'); the neck and heads stay eager
+        compile=False,
         interpolate_mode='bicubic'),  # variant configs add init_cfg=dict(type='Pretrained', ...)
     # Neck and head widths as in the paper's Table 4 model sizes: MLN out_channels = the
     # backbone width and 256-channel UPerHead/FCN heads give the paper's 36.9M for DeiT-S
@@ -82,3 +85,6 @@ param_scheduler = [
 train_dataloader = dict(batch_size=2)  # x 8 GPUs = 16
 val_dataloader = dict(batch_size=1)
 test_dataloader = val_dataloader
+# faults (docs/faults.md): checkpoints written whole or not at all, a diverged run stopped
+default_hooks = dict(checkpoint=dict(type='SRViTCheckpointHook'))
+custom_hooks = [dict(type='DivergenceCheckHook')]

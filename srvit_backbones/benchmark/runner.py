@@ -16,6 +16,8 @@ eager; and of the relative-position attention kernels.
     python tools/benchmark.py --attention --size 1024 --batch-size 2
     python tools/benchmark.py --model srvit_s_t3 --modes infer --references --amp both
     python tools/benchmark.py --model srvit_s_t3 --references --compile both
+    python tools/benchmark.py --detector reference/mask_rcnn_vitdet_b.py mask_rcnn_srvit_s_t3_win.py \\
+        --batch-size 1 --amp --compile both
 
 References: ``vit_same_depth`` is timm's ViT of the model's width and depth = D_eff (the
 physical reference of global attention); ``vitdet_same_depth`` is detectron2's own ViTDet ``ViT``
@@ -40,7 +42,9 @@ sets the backbone's ``use_act_checkpoint``. ``--amp`` is ``srvit_backbones.amp``
 (fp16 on CUDA, bf16 on a CPU with native bf16, a clear error on one without); ``--amp both``
 interleaves it with fp32. No loss scaling: the steps are timed, not trained to convergence.
 ``--compile`` times ``torch.compile(model, backend=--compile-backend)`` (inductor by default);
-``--compile both`` pairs each model with its eager run. A compiled model's first step compiles
+with ``--detector``, each config's backbone alone, compiled by its switch as a user compiles it
+(``model.backbone.net.compile``; the ViTDet reference's ``ViT`` by torch's ``Module.compile``),
+the heads eager. ``--compile both`` pairs each model with its eager run. A compiled model's first step compiles
 it: it is timed on its own before the ``--warmup`` steps (``first_step_s``; ``compile_s`` =
 that minus the median step), and its row records the graph breaks and graphs dynamo made in
 it and the warm-up (``graph_breaks``, ``graph_break_reasons``, ``graphs``) and inductor's FX
@@ -98,7 +102,8 @@ def build_job(job, args, device):
         from ..detectron2.benchmark import detector_step  # needs detectron2
 
         step, model, size = detector_step(job["name"], job["overrides"], mode=job["mode"], batch_size=args.batch_size,
-                                          device=device, grad_checkpointing=job["grad_checkpointing"], amp_dtype=dtype)
+                                          device=device, grad_checkpointing=job["grad_checkpointing"], amp_dtype=dtype,
+                                          compile=dict(backend=job["compile_backend"]) if job.get("compiled") else None)
     else:
         model = build(job["kind"], job["name"], args.size, job["grad_checkpointing"], job.get("model_args")).to(device)
         compiled = torch.compile(model, backend=job.get("compile_backend") or "inductor") if job.get("compiled") \
@@ -376,8 +381,6 @@ def check_args(args):
                       f"({', '.join(ATTENTION_DTYPES['cuda' if args.device.startswith('cuda') else 'cpu'])}): "
                       "drop --detector, --variant, --amp and --compile")
     if args.detector:
-        if args.compile != "off":
-            errors.append("--compile times compiled backbones (--model, --variant); a --detector step is eager")
         if args.variant:
             errors.append("--variant changes the --model backbone; with --detector pass config overrides "
                           "with --detector-opts (e.g. model.backbone.net.window_size=14)")

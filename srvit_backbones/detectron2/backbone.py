@@ -10,9 +10,11 @@ from typing import Sequence
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import Backbone
 from detectron2.solver import get_default_optimizer_params
+from omegaconf import OmegaConf
 
 from ..layer_decay import lr_decay_factor, weight_decay_exemptions
 from ..models import create_srvit
+from ..models.compiled import compile_options, feature_maps_function
 
 
 class SRViTBackbone(Backbone):
@@ -31,6 +33,11 @@ class SRViTBackbone(Backbone):
         allow_partial: let a pretraining checkpoint that lacks some backbone weights load
             (they keep their initialisation and are listed in the log) instead of raising
             ``CheckpointError``. Both are read by ``SRViTCheckpointer``.
+        compile: ``torch.compile`` the backbone (its forward and backward, in training and
+            inference): True for torch.compile's defaults (inductor), or a dict of its
+            arguments (``{mode: max-autotune}``, ``{backend: aot_eager}``), as mmengine's
+            ``cfg.compile``. The detector's heads stay eager (their shapes depend on the
+            data); DDP wraps the detector as usual (``srvit_backbones.models.compiled``).
         **overrides: any other core argument (``num_steps``, ``layout``, ``aggregation``,
             ``window_size``, ``token_merge_ratio``...).
     """
@@ -38,8 +45,11 @@ class SRViTBackbone(Backbone):
     def __init__(self, variant: str = "srvit_s_t3", img_size: int = 1024,
                  out_features: Sequence[str] = ("last_feat",), drop_path_rate: float = 0.1,
                  use_act_checkpoint: bool = False, prefer_ema: bool = False, allow_partial: bool = False,
-                 **overrides):
+                 compile=False, **overrides):
         super().__init__()
+        if OmegaConf.is_config(compile):  # a dict given by a LazyConfig
+            compile = OmegaConf.to_container(compile)
+        self.compile_options = compile_options(compile)
         self.srvit = create_srvit(variant, img_size=img_size, num_classes=0, global_pool="",
                                   drop_path_rate=drop_path_rate, **overrides)
         self.srvit.set_grad_checkpointing(use_act_checkpoint)
@@ -69,7 +79,7 @@ class SRViTBackbone(Backbone):
         return self.srvit.patch_size
 
     def forward(self, x):
-        feats = self.srvit.forward_feature_maps(x, indices=self._feature_indices)
+        feats = feature_maps_function(self.compile_options)(self.srvit, x, self._feature_indices)
         return {f: feats[f] for f in self._out_features}
 
     def output_shape(self):

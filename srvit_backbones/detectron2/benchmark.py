@@ -10,18 +10,32 @@ from detectron2.engine import HookBase
 from detectron2.modeling import ViT
 from detectron2.structures import Instances, PolygonMasks
 from detectron2.utils.events import EventStorage
+from detectron2.utils.registry import locate
 
 from ..amp import autocast
 from ..benchmark.timing import Timer, train_step
+from .backbone import SRViTBackbone
 from .training import build_model, build_optimizer, load_config, trainer_class
 
 
-def detector_config(config, opts=(), grad_checkpointing=False):
+def builds_srvit(net_cfg):
+    """Whether a LazyConfig node builds an ``SRViTBackbone`` (the configs' ``model.backbone.net``)."""
+    target = net_cfg.get("_target_")
+    if isinstance(target, str):
+        target = locate(target)
+    return isinstance(target, type) and issubclass(target, SRViTBackbone)
+
+
+def detector_config(config, opts=(), grad_checkpointing=False, compile=None):
     """(cfg, input size): the config as tools/train_net.py loads it, with ``opts`` (and the
-    backbone's activation checkpointing); the size is ``model.backbone.square_pad`` (ViTDet's
-    input), a ValueError naming the fix where the config has none."""
+    backbone's activation checkpointing, and with ``compile``, torch.compile's arguments, an
+    SR-ViT backbone's compile switch ``model.backbone.net.compile``); the size is
+    ``model.backbone.square_pad`` (ViTDet's input), a ValueError naming the fix where the config
+    has none."""
     opts = list(opts) + (["model.backbone.net.use_act_checkpoint=True"] if grad_checkpointing else [])
     cfg = load_config(config, opts)
+    if compile is not None and "backbone" in cfg.model and builds_srvit(cfg.model.backbone.net):
+        cfg.model.backbone.net.compile = dict(compile)
     size = cfg.model.backbone.get("square_pad") if "backbone" in cfg.model else None
     if not isinstance(size, int) or size <= 0:
         raise ValueError(f"--detector {config}: the detector mode needs model.backbone.square_pad (the ViTDet "
@@ -30,10 +44,10 @@ def detector_config(config, opts=(), grad_checkpointing=False):
     return cfg, size
 
 
-def synthetic_detection_batch(batch_size, size):
-    """Images with four instances each (boxes, classes, polygon masks), as detectron2's COCO
-    mapper yields them (uint8 CHW image, ``Instances`` with polygon ``gt_masks``)."""
-    g = torch.Generator().manual_seed(0)
+def synthetic_detection_batch(batch_size, size, seed=0):
+    """Images (drawn with ``seed``) with four instances each (boxes, classes, polygon masks), as
+    detectron2's COCO mapper yields them (uint8 CHW image, ``Instances`` with polygon ``gt_masks``)."""
+    g = torch.Generator().manual_seed(seed)
     shapes = [(0.10, 0.10, 0.40, 0.50), (0.50, 0.20, 0.90, 0.60), (0.20, 0.60, 0.50, 0.90), (0.60, 0.65, 0.85, 0.95)]
     batch = []
     for _ in range(batch_size):
@@ -48,13 +62,17 @@ def synthetic_detection_batch(batch_size, size):
 
 
 def detector_step(config, opts=(), *, mode="train", batch_size=1, device="cpu", grad_checkpointing=False,
-                  amp_dtype=None):
+                  amp_dtype=None, compile=None):
     """(step, model, input size): one inference or training step (forward, backward, the
     config's optimizer) of the config's model on a synthetic batch at its input size, autocast
     to ``amp_dtype`` if given (no loss scaling: timed, not trained); the model moves the inputs
-    to its device."""
-    cfg, size = detector_config(config, opts, grad_checkpointing)
+    to its device. With ``compile`` (torch.compile's arguments) the backbone alone is compiled:
+    an SR-ViT one by its switch, another (the ViTDet reference's ``ViT``) by torch's in-place
+    ``Module.compile``, so that both are timed alike."""
+    cfg, size = detector_config(config, opts, grad_checkpointing, compile)
     model = build_model(cfg, device)
+    if compile is not None and not isinstance(model.backbone.net, SRViTBackbone):
+        model.backbone.net.compile(**compile)
     batch = synthetic_detection_batch(batch_size, size)
 
     def amp():

@@ -14,6 +14,7 @@ def add_srvit_config(cfg):
     applications that stay global) None is the core's default rule. ``PREFER_EMA`` and
     ``ALLOW_PARTIAL`` are read when ``SRViTCheckpointer`` loads a pretraining checkpoint
     (``MODEL.WEIGHTS``; detectron2's own ``DetectionCheckpointer`` does not read those).
+    ``COMPILE: True`` compiles the backbone with torch.compile's defaults.
     """
     cfg.MODEL.SRVIT = CN()
     cfg.MODEL.SRVIT.VARIANT = "srvit_s_t3"
@@ -25,6 +26,7 @@ def add_srvit_config(cfg):
     cfg.MODEL.SRVIT.GLOBAL_ATTN_INDEXES = None
     cfg.MODEL.SRVIT.PREFER_EMA = False
     cfg.MODEL.SRVIT.ALLOW_PARTIAL = False
+    cfg.MODEL.SRVIT.COMPILE = False
     cfg.MODEL.SRVIT.SFP = CN()
     cfg.MODEL.SRVIT.SFP.OUT_CHANNELS = 256
     cfg.MODEL.SRVIT.SFP.SCALE_FACTORS = [4.0, 2.0, 1.0, 0.5]
@@ -39,8 +41,9 @@ def build_srvit_sfp_backbone(cfg, input_shape):
     c = cfg.MODEL.SRVIT
     net = SRViTBackbone(variant=c.VARIANT, img_size=c.IMG_SIZE, drop_path_rate=c.DROP_PATH_RATE,
                         use_act_checkpoint=c.USE_ACT_CHECKPOINT, prefer_ema=c.PREFER_EMA,
-                        allow_partial=c.ALLOW_PARTIAL, in_chans=input_shape.channels, window_size=c.WINDOW_SIZE,
-                        use_rel_pos=c.USE_REL_POS, global_attn_indexes=c.GLOBAL_ATTN_INDEXES)
+                        allow_partial=c.ALLOW_PARTIAL, compile=c.COMPILE, in_chans=input_shape.channels,
+                        window_size=c.WINDOW_SIZE, use_rel_pos=c.USE_REL_POS,
+                        global_attn_indexes=c.GLOBAL_ATTN_INDEXES)
     return SimpleFeaturePyramid(net=net, in_feature="last_feat", out_channels=c.SFP.OUT_CHANNELS,
                                 scale_factors=tuple(c.SFP.SCALE_FACTORS), top_block=LastLevelMaxPool(),
                                 norm=c.SFP.NORM, square_pad=c.SFP.SQUARE_PAD)

@@ -1,14 +1,15 @@
 """MMDetection adapter: importing it registers, in mmdet's registries, the ``SRViT`` backbone
 (one stride-16 map by default: ViTDet's pyramid input), the ``SimpleFeaturePyramid`` neck and
 its ``LayerNorm2d``, the ``SRViTLayerDecayOptimizerConstructor`` and the
-``Fp16CompressionHook``: what mmdet's ``projects/ViTDet`` gives, which the pip wheel lacks.
+``Fp16CompressionHook``: what mmdet's ``projects/ViTDet`` gives, which the pip wheel lacks;
+and the fault hooks (``SRViTCheckpointHook``, ``DivergenceCheckHook``).
 Configs import it with ``custom_imports = dict(imports=['srvit_backbones.mmdet'])``."""
 from typing import List
 
 from mmdet.registry import HOOKS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS
 
 from ..openmmlab import SRViTBackbone, SRViTLayerDecayOptimizerConstructor, checkpoint_loading  # noqa: F401
-from ..openmmlab.hooks import Fp16CompressionHook
+from ..openmmlab.hooks import DivergenceCheckHook, Fp16CompressionHook, SRViTCheckpointHook
 from ..lvis import patch_lvis_for_numpy2
 from .cascade import SingleMaskCascadeRoIHead  # noqa: F401  (registers it)
 from .losses import FederatedSigmoidCELoss  # noqa: F401  (registers it)
@@ -31,6 +32,8 @@ MODELS.register_module(module=SimpleFeaturePyramid)
 MODELS.register_module(module=LayerNorm2d)
 OPTIM_WRAPPER_CONSTRUCTORS.register_module(module=SRViTLayerDecayOptimizerConstructor)
 HOOKS.register_module(module=Fp16CompressionHook)
+HOOKS.register_module(module=SRViTCheckpointHook)
+HOOKS.register_module(module=DivergenceCheckHook)
 
 __all__ = ["SRViTDetBackbone", "SimpleFeaturePyramid", "LayerNorm2d", "SRViTLayerDecayOptimizerConstructor",
-           "Fp16CompressionHook"]
+           "Fp16CompressionHook", "SRViTCheckpointHook", "DivergenceCheckHook"]

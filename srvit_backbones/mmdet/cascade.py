@@ -5,16 +5,92 @@ averages the three at test time; detectron2's CascadeROIHeads (ViTDet's cascade)
 head, trained on the first stage's samples (proposals matched at IoU 0.5, as in Mask R-CNN) and
 run on the last stage's boxes. ``SingleMaskCascadeRoIHead`` is mmdet's head with that branch:
 the same parameters as detectron2's, the same training targets.
+
+It also trains the box stages as detectron2 does:
+- the gradient that each stage's box loss sends into the pooled features (hence the pyramid and
+  the backbone) is scaled by 1 / stages (detectron2's ``_ScaleGradient``), the box heads' own
+  gradients left whole: mmdet's ``stage_loss_weights`` would scale both;
+- the boxes a stage refines from ground-truth boxes added as proposals go on to the next stage
+  (mmdet drops them there and adds the ground truth again); with the later stages' sampler
+  ``PseudoSampler`` (every refined box, no ground truth added: vitdet_cascade_heads.py), stages 2
+  and 3 train on all the previous stage's refined boxes, as detectron2's do.
+
+and scores the final boxes as detectron2 does: the mean of the three stages' class probabilities
+(softmax, or sigmoid with the federated loss), where mmdet's head averages their logits (with
+sigmoid scores kept above 0.02, the two keep different boxes).
 """
+import torch
 from mmdet.models.roi_heads import CascadeRoIHead
 from mmdet.registry import MODELS
 from mmengine.model import ModuleList
+
+from .losses import FederatedSigmoidCELoss
+
+
+class _ScaleGradient(torch.autograd.Function):
+    """Identity forward; the gradient multiplied by ``scale`` backward."""
+
+    @staticmethod
+    def forward(ctx, features, scale):
+        ctx.scale = scale
+        return features.view_as(features)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale, None
 
 
 @MODELS.register_module()
 class SingleMaskCascadeRoIHead(CascadeRoIHead):
     """CascadeRoIHead with one mask head (detectron2's CascadeROIHeads): its loss from stage 0's
-    sampling results only, its prediction on the final boxes."""
+    sampling results only, its prediction on the final boxes; the box stages' gradient into the
+    features scaled by 1 / stages and the refined ground-truth boxes kept (detectron2's training)."""
+
+    _fusing_probabilities = False
+
+    def _bbox_forward(self, stage, x, rois) -> dict:
+        if self.training:  # RoI pooling is linear: scaling the maps' gradient scales the pooled features'
+            x = tuple(_ScaleGradient.apply(level, 1.0 / self.num_stages) for level in x)
+        results = super()._bbox_forward(stage, x, rois)
+        if self._fusing_probabilities:
+            results["cls_score"] = self._probabilities(self.bbox_head[stage], results["cls_score"])
+        return results
+
+    def _refine_roi(self, x, rois, batch_img_metas, num_proposals_per_img, **kwargs) -> tuple:
+        """mmdet's refinement, which averages the stages' ``cls_score``, given each stage's class
+        probabilities: it returns the logits of their mean, which the last head's activation turns
+        back into that mean (detectron2's CascadeROIHeads score)."""
+        self._fusing_probabilities = True
+        try:
+            rois, cls_scores, bbox_preds = super()._refine_roi(x, rois, batch_img_metas, num_proposals_per_img,
+                                                                **kwargs)
+        finally:
+            self._fusing_probabilities = False
+        return rois, [self._logits(self.bbox_head[-1], p) for p in cls_scores], bbox_preds
+
+    def init_bbox_head(self, bbox_roi_extractor, bbox_head) -> None:
+        super().init_bbox_head(bbox_roi_extractor, bbox_head)
+        for head in self.bbox_head:
+            if not isinstance(head.loss_cls, FederatedSigmoidCELoss) and \
+                    (head.custom_activation or getattr(head.loss_cls, "use_sigmoid", False)):
+                raise ValueError(
+                    f"SingleMaskCascadeRoIHead averages the stages' class probabilities (detectron2's cascade) of "
+                    f"softmax cross-entropy or FederatedSigmoidCELoss box heads, not {type(head.loss_cls).__name__}'s: "
+                    f"use type='CascadeRoIHead' for other classification losses")
+
+    @staticmethod
+    def _probabilities(head, cls_score):
+        return cls_score.sigmoid() if isinstance(head.loss_cls, FederatedSigmoidCELoss) else cls_score.softmax(dim=-1)
+
+    @staticmethod
+    def _logits(head, probabilities):
+        return probabilities.logit() if isinstance(head.loss_cls, FederatedSigmoidCELoss) else probabilities.log()
+
+    def bbox_loss(self, stage, x, sampling_results) -> dict:
+        results = super().bbox_loss(stage, x, sampling_results)
+        for sampling_result in sampling_results:  # read next by refine_bboxes only, which drops the ones marked
+            sampling_result.pos_is_gt = torch.zeros_like(sampling_result.pos_is_gt)
+        return results
 
     def init_mask_head(self, mask_roi_extractor, mask_head) -> None:
         if isinstance(mask_head, list):

@@ -6,12 +6,13 @@ Per batch of N RoIs over K classes (K + 1 logits, the last one background, unuse
 cross-entropy on the first K logits, counted only on the classes of the batch's ground truth and
 on classes drawn without replacement, with probability proportional to their weights, until 50
 classes are there; summed and divided by N. The weights are each class's training image count
-to the power 0.5: detectron2 reads them from LVIS v1's metadata, this loss from the LVIS training
-file's ``image_count`` (the same figures for lvis_v1_train.json); a class without images counts as
-one image, so that it can be drawn (LVIS v1 train has none such; synthetic files do).
+to the power 0.5: by default LVIS v1's counts, shipped in the package as detectron2 ships them in
+its metadata (``image_counts='lvis_v1'``: no file read, whatever ``data_root`` or ``ann_file`` the
+dataset is given); for another dataset, ``image_counts`` names its LVIS-format training file (its
+categories' ``image_count``, read once per process; the data check of tools/train_det.py checks
+it). A class without images counts as one image, so that it can be drawn (LVIS v1 train has none
+such; synthetic files do).
 """
-import json
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -31,14 +32,11 @@ def fed_loss_classes(gt_classes, num_fed_loss_classes, num_classes, weight):
     return unique_gt_classes
 
 
-def image_count_weights(ann_file, num_classes, freq_weight_power):
-    with open(ann_file) as f:
-        categories = sorted(json.load(f)["categories"], key=lambda c: c["id"])
-    if len(categories) != num_classes or any("image_count" not in c for c in categories):
-        raise ValueError(f"FederatedSigmoidCELoss: {ann_file!r} must list {num_classes} categories with "
-                         f"'image_count' (an LVIS v1 training file); it lists {len(categories)}"
-                         + ("" if all("image_count" in c for c in categories) else ", some without image_count"))
-    counts = torch.tensor([max(int(c["image_count"]), 1) for c in categories], dtype=torch.float)
+def image_count_weights(image_counts, num_classes, freq_weight_power):
+    """detectron2's get_fed_loss_cls_weights: each class's image count to ``freq_weight_power``."""
+    from ..lvis import class_image_counts
+
+    counts = torch.tensor([max(c, 1) for c in class_image_counts(image_counts, num_classes)], dtype=torch.float)
     return counts ** freq_weight_power
 
 
@@ -48,7 +46,8 @@ class FederatedSigmoidCELoss(nn.Module):
     scores (background column 0) through mmdet's custom-activation hooks.
 
     Args:
-        ann_file: the LVIS training annotation file (``image_count`` per category).
+        image_counts: ``'lvis_v1'`` (LVIS v1's training image counts, shipped) or the path of an
+            LVIS-format training file whose categories' ``image_count`` weigh the classes.
         num_classes: K (1203 for LVIS v1).
         freq_weight_power: the weights' power (detectron2's ``get_fed_loss_cls_weights(.., 0.5)``).
         num_fed_loss_classes: classes counted per batch (detectron2's ``fed_loss_num_classes``, 50).
@@ -59,18 +58,18 @@ class FederatedSigmoidCELoss(nn.Module):
     custom_accuracy = True
     use_sigmoid = True
 
-    def __init__(self, ann_file, num_classes=1203, freq_weight_power=0.5, num_fed_loss_classes=50, loss_weight=1.0):
+    def __init__(self, image_counts="lvis_v1", num_classes=1203, freq_weight_power=0.5, num_fed_loss_classes=50, loss_weight=1.0):
         super().__init__()
         self.num_classes, self.num_fed_loss_classes, self.loss_weight = num_classes, num_fed_loss_classes, loss_weight
-        self.ann_file, self.freq_weight_power = ann_file, freq_weight_power
+        self.image_counts, self.freq_weight_power = image_counts, freq_weight_power
         self._weights = None
 
     @property
     def fed_loss_cls_weights(self):
-        """The class weights, read from ``ann_file`` at the first loss (a detector built for
-        inference or counting needs no training file)."""
+        """The class weights, made at the first loss (a detector built for inference or counting
+        needs no training file, even when ``image_counts`` names one)."""
         if self._weights is None:
-            self._weights = image_count_weights(self.ann_file, self.num_classes, self.freq_weight_power)
+            self._weights = image_count_weights(self.image_counts, self.num_classes, self.freq_weight_power)
         return self._weights
 
     def get_cls_channels(self, num_classes):

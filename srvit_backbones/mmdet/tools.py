@@ -8,7 +8,7 @@ from mmengine.config import Config
 from ..data_check import add_coco_arguments, add_skip_argument, coco_categories
 from ..openmmlab import data_check as openmmlab_data_check
 from ..openmmlab import tools as openmmlab_tools
-from ..openmmlab.tools import apply_amp  # noqa: F401  (the tools' import)
+from ..openmmlab.tools import apply_amp, check_compile, prepare_training  # noqa: F401  (the tools' imports)
 
 #: how the tools size the head from the data
 SIZED_FROM_DATA = "or train with --coco-train / --coco-val, which size the heads from the file's categories"
@@ -64,10 +64,11 @@ def check_data(cfg: Config, loaders, read_files: bool = False) -> None:
 
 
 def check_lvis_data(cfg: Config, loaders) -> None:
-    """An LVIS dataset's and LVISMetric's annotation files must be LVIS-format: stop naming the
-    field and the fix otherwise (mmdet would train on COCO's ids read as LVIS's and fail at its first
-    evaluation)."""
-    from ..lvis import LVISFormatError, check_lvis_annotations
+    """An LVIS dataset's and LVISMetric's annotation files must be LVIS-format, and a training
+    config's federated losses must find ``num_classes`` image counts (LVIS v1's shipped ones, or
+    their ``image_counts`` file): stop naming the field and the fix otherwise (mmdet would train on
+    COCO's ids read as LVIS's and fail at its first evaluation, or at its first loss)."""
+    from ..lvis import LVIS_V1, LVISFormatError, check_lvis_annotations, class_image_counts
 
     files = []
     for loader in loaders:
@@ -86,6 +87,24 @@ def check_lvis_data(cfg: Config, loaders) -> None:
             check_lvis_annotations(path, f"{where}:")
         except LVISFormatError as e:
             raise SystemExit(str(e)) from None
+    for where, loss in _federated_losses(cfg.get("model"), "model") if "train_dataloader" in loaders else ():
+        try:
+            class_image_counts(loss.get("image_counts", LVIS_V1), loss.get("num_classes", 1203))
+        except LVISFormatError as e:
+            raise SystemExit(f"{where}.image_counts: {e}") from None
+
+
+def _federated_losses(node, where):
+    """(config path, loss config) of each FederatedSigmoidCELoss in a model config (a cascade: one
+    per stage, ``model.roi_head.bbox_head.I.loss_cls``)."""
+    if isinstance(node, dict):
+        if node.get("type") == "FederatedSigmoidCELoss":
+            yield where, node
+        for key, value in node.items():
+            yield from _federated_losses(value, f"{where}.{key}")
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from _federated_losses(value, f"{where}.{i}")
 
 
 def _evaluators(evaluator, name):

@@ -9,7 +9,7 @@ from mmengine.config import Config
 from ..data_check import add_segmentation_arguments, add_skip_argument
 from ..openmmlab import data_check as openmmlab_data_check
 from ..openmmlab import tools as openmmlab_tools
-from ..openmmlab.tools import apply_amp  # noqa: F401  (the tools' import)
+from ..openmmlab.tools import apply_amp, check_compile, prepare_training  # noqa: F401  (the tools' imports)
 
 #: how the tools size the heads from the data
 SIZED_FROM_DATA = "or train with --seg-train / --seg-val / --classes, which size the heads from the class file"

@@ -111,7 +111,7 @@ def grid_attention(attn: Attention, x: torch.Tensor, grid: Optional[Tuple[int, i
     B, N, _ = check_patch_tokens(x, grid).shape
     qkv = attn.qkv(x)
     if window_size:
-        q, k, v = window_qkv(qkv, attn.qkv.bias, grid, window_size, attn.num_heads).unbind(0)
+        q, k, v = window_qkv(qkv, attn.qkv.bias, grid, window_size, attn.num_heads)
         size = (window_size, window_size)
     else:
         q, k, v = qkv.reshape(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)

@@ -1,22 +1,30 @@
 """ViTDet's decomposed relative positions (MViTv2's ``add_decomposed_rel_pos``) as an attention
-kernel: the tables' names and resizing, and three ways to attend with them (``KERNELS``):
+kernel: the tables' names and resizing, and four ways to attend with them (``KERNELS``):
 
 - ``blocked``: the bias expanded block by block of query rows (SDPA, i.e.
   ``F.scaled_dot_product_attention`` with the block's bias as its mask, or
   matmul-softmax-matmul per block), with a backward that recomputes each block's probabilities
   instead of keeping any (queries, keys) tensor: memory-lean at any grid size, a Python loop of
   blocks (the CPU's kernel, tuned there);
+- ``folded``: no bias at all. The bias of query i and key j is a sum of per-axis terms,
+  terms_h[i, row(j)] + terms_w[i, col(j)], so it folds exactly into the dot product: the query
+  gets its terms appended (q' = [q * scale, terms_h, terms_w]), the key the one-hot of its row
+  and column (k' = [k, onehot(row j), onehot(col j)]), and one SDPA call with ``scale=1`` and no
+  mask attends; the tables' gradients come out of dq' through autograd. Without a mask the
+  call qualifies for CUDA's fused kernels (cuDNN, flash) in training, and no (queries, keys)
+  tensor exists in either direction (the GPU's kernel, ``choose_kernel``);
 - ``bias``: SDPA with the whole bias of whole (image, head) maps, differentiated by autograd
   (CUDA's memory-efficient kernel returns the bias gradient): one call, its bias kept for the
   backward, up to GPU_BIAS_ELEMENTS; beyond, a few calls of whole maps, each checkpointed (its
   bias rebuilt and its call rerun in the backward), so nothing of (queries, keys) size is kept;
-- ``flex``: ``flex_attention`` with a ``score_mod`` adding the per-axis terms; opt-in
-  (``set_rel_pos_kernel('flex')`` or ``SRVIT_REL_POS_KERNEL=flex``) until a GPU run has timed it.
+- ``flex``: ``flex_attention`` with a ``score_mod`` adding the per-axis terms (kept in float32).
 
-The rule (``choose_kernel``, ``bias_calls``): ``blocked`` on the CPU and for attention
-dropout; elsewhere ``bias`` in ``bias_calls`` SDPA calls. It is a function of the device type,
-dtype and sizes, so the GPU's choices run on the CPU too (``device_type='cuda'``).
+The rule (``choose_kernel``): ``blocked`` on the CPU, ``folded`` elsewhere; ``bias`` and
+``flex`` are selectable per call (``kernel=``), by ``set_rel_pos_kernel`` or by the environment
+variable SRVIT_REL_POS_KERNEL. It is a function of the device type, so the GPU's choices run on
+the CPU too (``device_type='cuda'``).
 """
+import contextlib
 import functools
 import os
 from typing import List, Optional, Tuple
@@ -44,17 +52,35 @@ MATMUL_BLOCK_ELEMENTS = 2 ** 18
 #: off the CPU, the most bias elements that one SDPA call gets and that autograd keeps for the
 #: backward of one application: 256 MiB of fp16 / bf16 (the GPU's training dtypes). ViTDet's
 #: 14x14 windows at 1024 (25 windows x 6 heads: 5.8M elements per image) take one call, kept, up
-#: to 23 images; the global 64x64 grid (16.8M per map, 6 maps per image) one call at batch 1 and
-#: checkpointed calls of 8 maps beyond. What a call holds at once, its bias and in the backward
+#: to 23 images; the global 64x64 grid (16.8M per map, 6 maps per image) one call at batch 1,
+#: 2 checkpointed calls of 6 maps at batch 2 (12 per call at most). What a call holds at once, its bias and in the backward
 #: the bias gradient, stays within 512 MiB of fp16 (1 GiB of fp32), under 1.5% of an 80 GiB GPU;
 #: half the budget would double the calls of a global grid at batch 2 and beyond
 GPU_BIAS_ELEMENTS = 2 ** 27
 
 #: the kernels ``rel_pos_attention`` can run (the module docstring says what each does)
-KERNELS = ("blocked", "bias", "flex")
+KERNELS = ("blocked", "folded", "bias", "flex")
+
+#: the head dims of CUDA's fused SDPA kernels are multiples of this (fp16 / bf16: flash pads
+#: q, k and v to it with copies, the memory-efficient and cuDNN kernels refuse other sizes)
+FUSED_HEAD_DIM_ALIGNMENT = 8
+
+#: the largest q.k head dim with which the ``folded`` kernel keeps v at its own head dim:
+#: cuDNN trains with head dims (q.k, v) up to (128, 128); beyond, flash needs q, k and v of one
+#: head dim (up to 256), so v is zero-padded to the q.k head dim (the global 64x64 grid at 1024:
+#: 64 + 64 + 64 = 192, where cuDNN's backward takes (192, 128) on some versions only)
+FOLDED_OWN_V_MAX_HEAD_DIM = 128
 
 #: the names of the relative-position tables of a ``RelPosAttention`` (one (h, w) pair per extent)
 REL_POS_SUFFIXES = ("rel_pos_h", "rel_pos_w")
+
+
+def autocast_off(device_type: str):
+    """Autocast switched off for ``device_type``; nothing to switch off on a device type without
+    autocast (meta tensors, on which whole models run shapes only to count their operations)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type=device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def is_rel_pos(name: str) -> bool:
@@ -162,18 +188,26 @@ set_rel_pos_kernel(os.environ.get("SRVIT_REL_POS_KERNEL") or None)
 
 
 def choose_kernel(device_type: str, dropout_p: float, needs_grad: bool) -> str:
-    """The kernel of one attention call: ``blocked`` on the CPU (the kernel tuned there) and for
-    attention dropout (autograd block by block); elsewhere ``bias``, whatever the sizes
-    (``bias_calls`` says in how many SDPA calls). ``flex`` only where it was switched on and can
-    run (no dropout; a backward off the CPU). A function of the device *type*, so that the
-    GPU's choices run (and are tested) on the CPU."""
-    if dropout_p:
-        return "blocked"
+    """The kernel of one attention call: ``blocked`` on the CPU (the kernel tuned there; also for
+    attention dropout, which it runs block by block); elsewhere ``folded``, whatever the sizes and
+    the dropout. Why ``folded`` on a GPU, from CUDA's SDPA dispatch emulated on the CPU
+    (``srvit_backbones.benchmark.cuda_dispatch``; ViTDet at 1024, S-T3, fp16, a training step of
+    one application): it gives SDPA no mask, so the call trains on cuDNN (14x14 windows, head
+    dims (96, 64)) or flash (the global 64x64 grid, (192, 192)) and keeps no (queries, keys)
+    tensor, where ``bias`` trains on the memory-efficient kernel with a bias that needs a
+    gradient (the 196-key window bias padded to a stride of 8 with copies; the global grid at
+    batch 2 in 2 checkpointed calls, its bias built twice) and ``flex`` compiles a kernel per
+    shape. A forced kernel (``set_rel_pos_kernel``, SRVIT_REL_POS_KERNEL) applies where it can
+    run: ``flex`` has no dropout and no backward on the CPU, so those calls take ``blocked``; the
+    other kernels run anywhere. A function of the device *type*, so that the GPU's choices run
+    (and are tested) on the CPU."""
     if _forced_kernel == "flex":
-        return "blocked" if needs_grad and device_type == "cpu" else "flex"
+        return "blocked" if dropout_p or (needs_grad and device_type == "cpu") else "flex"
+    if _forced_kernel == "bias" and dropout_p:
+        return "blocked"
     if _forced_kernel:
         return _forced_kernel
-    return "blocked" if device_type == "cpu" else "bias"
+    return "blocked" if device_type == "cpu" else "folded"
 
 
 def bias_calls(maps: int, queries: int, keys: int, budget: int = GPU_BIAS_ELEMENTS) -> int:
@@ -251,7 +285,7 @@ class _BlockedRelPosAttention(torch.autograd.Function):
         if len(dtypes) != 1:
             raise TypeError(f"_BlockedRelPosAttention takes inputs of one dtype, got {sorted(map(str, dtypes))}: call "
                             f"rel_pos_attention, which casts them")
-        with torch.autocast(device_type=device_type, enabled=False):
+        with autocast_off(device_type):
             out = _blocked_forward(q, k, v, terms_h, terms_w, budget, device_type)
         ctx.save_for_backward(q, k, v, terms_h, terms_w, out)
         ctx.budget, ctx.device_type = budget, device_type
@@ -262,7 +296,7 @@ class _BlockedRelPosAttention(torch.autograd.Function):
         saved = ctx.saved_tensors
         dtype = saved[0].dtype
         work = backward_dtype(ctx.device_type, dtype)
-        with torch.autocast(device_type=ctx.device_type, enabled=False):
+        with autocast_off(ctx.device_type):
             grads = _blocked_backward(*(t.to(work) for t in saved), grad_out.to(work), ctx.budget, ctx.device_type)
         return (*(g.to(dtype) for g in grads), None, None)
 
@@ -342,6 +376,70 @@ def _whole_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ter
     return torch.cat(outs).view(B, heads, N, -1)
 
 
+def folded_head_dims(head_dim: int, size: Tuple[int, int]) -> Tuple[int, int]:
+    """The (q.k, v) head dims of the ``folded`` kernel's SDPA call for ``head_dim`` channels over
+    a (h, w) grid: q.k carries the channels and one term per key row and key column, padded to
+    FUSED_HEAD_DIM_ALIGNMENT; v keeps its own (aligned) head dim up to FOLDED_OWN_V_MAX_HEAD_DIM,
+    beyond which it takes the q.k head dim (flash's rule). ViTDet at 1024, heads of 64: windows
+    of 14x14 (96, 64), the global 64x64 grid (192, 192)."""
+    def align(n):
+        return -(-n // FUSED_HEAD_DIM_ALIGNMENT) * FUSED_HEAD_DIM_ALIGNMENT
+
+    qk = align(head_dim + size[0] + size[1])
+    return qk, align(head_dim) if qk <= FOLDED_OWN_V_MAX_HEAD_DIM else qk
+
+
+def _folded_constants(head_dim: int, size: Tuple[int, int], qk_dim: int, dtype: torch.dtype,
+                      table_dtype: torch.dtype, device: torch.device):
+    """What the ``folded`` kernel needs of a grid besides q, k, v and the tables, made from sizes
+    alone: the gather index that turns q @ [scale * I | R_h^T | R_w^T | 0] into q' (the channels,
+    then for each key row r the table row of offset row(i) - r, for each key column c that of
+    col(i) - c, then the zero column for the padding), (queries, qk_dim); the keys' one-hots of
+    row and column, zero-padded, (keys, qk_dim - head_dim), in the keys' ``dtype``; and
+    [scale * I] and [0], the projection's constant blocks, in the tables' ``table_dtype``."""
+    h, w = size
+    rows, cols = torch.arange(h, device=device), torch.arange(w, device=device)
+    row_of, col_of = rows.repeat_interleave(w), cols.repeat(h)  # token n's row and column
+    table_h, table_w = 2 * h - 1, 2 * w - 1
+    pad = qk_dim - head_dim - h - w
+    index = torch.cat([torch.arange(head_dim, device=device).expand(h * w, head_dim),
+                       head_dim + row_of[:, None] - rows[None, :] + h - 1,
+                       head_dim + table_h + col_of[:, None] - cols[None, :] + w - 1,
+                       torch.full((h * w, pad), head_dim + table_h + table_w, device=device)], dim=1)
+    onehots = torch.cat([row_of[:, None] == rows[None, :], col_of[:, None] == cols[None, :],
+                         torch.zeros(h * w, pad, dtype=torch.bool, device=device)], dim=1).to(dtype)
+    scaled_identity = torch.eye(head_dim, dtype=table_dtype, device=device) * head_dim ** -0.5
+    return index, onehots, scaled_identity, torch.zeros(head_dim, 1, dtype=table_dtype, device=device)
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_folded_constants(head_dim: int, size: Tuple[int, int], qk_dim: int, dtype: torch.dtype,
+                             table_dtype: torch.dtype, device: torch.device):
+    """``_folded_constants`` made once per geometry, dtypes and device (as ``_cached_offsets``)."""
+    with torch.inference_mode(False):
+        return _folded_constants(head_dim, size, qk_dim, dtype, table_dtype, device)
+
+
+def _folded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos_h: torch.Tensor,
+                      rel_pos_w: torch.Tensor, size: Tuple[int, int], dropout_p: float) -> torch.Tensor:
+    """The ``folded`` kernel: the relative positions folded into q' . k' (the module docstring
+    says how), one SDPA call with ``scale=1`` and no mask. q' comes out of one matmul of q with
+    [scale * I | R_h^T | R_w^T | 0] (the resized tables, cast to q's dtype) and one gather, so
+    the tables are never looked up per (query, key) pair; the tables' and q's gradients flow back
+    through the gather and the matmul."""
+    B, heads, N, C = q.shape
+    qk_dim, v_dim = folded_head_dims(C, size)
+    constants = _folded_constants if torch.compiler.is_compiling() else _cached_folded_constants
+    tables = [resize_rel_pos(t, 2 * n - 1) for t, n in zip((rel_pos_h, rel_pos_w), size)]
+    index, onehots, scaled_identity, zero = constants(C, tuple(size), qk_dim, k.dtype, tables[0].dtype, q.device)
+    projection = torch.cat([scaled_identity, tables[0].T, tables[1].T, zero], dim=1).to(q.dtype)
+    q_folded = torch.matmul(q, projection).gather(-1, index.expand(B, heads, N, qk_dim))
+    k_folded = torch.cat([k, onehots.expand(B, heads, N, qk_dim - C)], dim=-1)
+    v_padded = F.pad(v, (0, v_dim - C)) if v_dim != C else v
+    out = F.scaled_dot_product_attention(q_folded, k_folded, v_padded, dropout_p=dropout_p, scale=1.0)
+    return out[..., :C] if v_dim != C else out
+
+
 @functools.lru_cache(maxsize=None)
 def _flex_attention(compiled: bool):
     """``flex_attention``, compiled where it runs for speed (eager flex materialises the scores)."""
@@ -368,7 +466,7 @@ def attention_dtype(device_type: str, *tensors: torch.Tensor) -> torch.dtype:
     """The dtype attention computes in: autocast's for the device where it is on (as
     ``F.scaled_dot_product_attention`` would be cast), else the inputs' promoted dtype (a
     ``q_norm`` LayerNorm gives float32 q and k next to an fp16 v under CUDA autocast)."""
-    if torch.is_autocast_enabled(device_type):
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     dtype = tensors[0].dtype
     for t in tensors[1:]:
@@ -383,9 +481,10 @@ def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos
                       kernel: Optional[str] = None) -> torch.Tensor:
     """Attention over (B, heads, h*w, C) tokens of a (h, w) grid with ViTDet's decomposed
     relative positions (MViTv2's ``add_decomposed_rel_pos``: the bias of query i and key j is
-    q_i . R_h[row_i - row_j] + q_i . R_w[col_i - col_j]). The per-axis terms are computed once;
-    ``kernel`` (default: ``choose_kernel``'s) says how the bias meets the scores (see
-    ``KERNELS``). The ``blocked`` kernel expands it for blocks of whole grid rows
+    q_i . R_h[row_i - row_j] + q_i . R_w[col_i - col_j]). ``kernel`` (default:
+    ``choose_kernel``'s) says how the bias meets the scores (see ``KERNELS``). The ``folded``
+    kernel folds it into q' . k' and attends in one SDPA call without a mask (attention dropout
+    included). The others compute the per-axis terms once; the ``blocked`` kernel expands it for blocks of whole grid rows
     (``block_elements`` scores at most; by default ``default_block_elements``), so a global
     application at 1024 never holds a 4096x4096 bias per head, and training keeps none
     (``_BlockedRelPosAttention``, in every precision). Attention dropout takes autograd through SDPA,
@@ -400,13 +499,17 @@ def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     B, heads, N, C = q.shape
     q_h, q_w = size
-    r_q = q.reshape(B, heads, q_h, q_w, C)
-    with torch.autocast(device_type=device_type, enabled=False):
-        # contiguous (einsum returns them permuted), so that each block's bias is made in one pass
-        terms_h = torch.einsum("bnhwc,hkc->bnhwk", r_q, rel_pos_lookup(q_h, rel_pos_h).to(dtype)).contiguous()
-        terms_w = torch.einsum("bnhwc,wkc->bnhwk", r_q, rel_pos_lookup(q_w, rel_pos_w).to(dtype)).contiguous()
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, terms_h, terms_w))
+    with autocast_off(device_type):
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rel_pos_h, rel_pos_w))
         kernel = kernel or choose_kernel(device_type, dropout_p, needs_grad)
+        if kernel == "folded":
+            return _folded_attention(q, k, v, rel_pos_h, rel_pos_w, size, dropout_p)
+        # flex adds its terms to float32 scores, and differentiates them with atomics in their dtype
+        terms_dtype = torch.float32 if kernel == "flex" and not dropout_p else dtype
+        r_q = q.reshape(B, heads, q_h, q_w, C).to(terms_dtype)
+        # contiguous (einsum returns them permuted), so that each block's bias is made in one pass
+        terms_h = torch.einsum("bnhwc,hkc->bnhwk", r_q, rel_pos_lookup(q_h, rel_pos_h).to(terms_dtype)).contiguous()
+        terms_w = torch.einsum("bnhwc,wkc->bnhwk", r_q, rel_pos_lookup(q_w, rel_pos_w).to(terms_dtype)).contiguous()
         if kernel == "bias" and not dropout_p:
             return _whole_bias_attention(q, k, v, terms_h, terms_w, block_elements or GPU_BIAS_ELEMENTS, needs_grad)
         if kernel == "flex" and not dropout_p:

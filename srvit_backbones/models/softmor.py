@@ -14,6 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import RelPosAttention, grid_attention
 from .merge import BipartiteMerge
+from .rel_pos import autocast_off
 from .rules import check_merge_ratio, check_merging_allowed
 from .schedule import Application
 
@@ -55,7 +56,7 @@ def router_softmax(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) ->
     dtype = torch.promote_types(x.dtype, torch.float32)
     if torch.jit.is_scripting():  # TorchScript has no autocast region to leave
         return F.linear(x.to(dtype), weight.to(dtype), bias.to(dtype)).softmax(dim=-1)
-    with torch.autocast(device_type=x.device.type, enabled=False):
+    with autocast_off(x.device.type):
         return F.linear(x.to(dtype), weight.to(dtype), bias.to(dtype)).softmax(dim=-1)
 
 

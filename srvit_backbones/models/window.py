@@ -4,6 +4,7 @@ partitioned after the qkv projection so that the padding is not projected. A sha
 at several depths, so whether an attention is windowed is a property of the *application*
 (``schedule.Application.window_size``), not of the block; ``attention.grid_attention`` uses these.
 """
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -11,38 +12,86 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_function
 
 
+def _window_order(grid: Tuple[int, int], window_size: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The two index maps between the (h, w) grid and its windows of ``window_size`` (the grid
+    padded at the bottom and right to whole windows, windows in ViTDet's order, tokens row-major
+    in each): the token each window position reads (h * w, the padding token, for padding), and
+    the window position each token of the grid lands at."""
+    h, w = grid
+    rows, cols = -(-h // window_size), -(-w // window_size)
+    r = torch.arange(rows * window_size, device=device).view(rows, window_size, 1, 1)
+    c = torch.arange(cols * window_size, device=device).view(1, 1, cols, window_size)
+    token = torch.where((r < h) & (c < w), r * w + c, h * w)  # (rows, ws, cols, ws): padded-grid order
+    token_of_position = token.permute(0, 2, 1, 3).reshape(-1)  # window-major, then row-major in a window
+    tr, tc = torch.arange(h, device=device).view(h, 1), torch.arange(w, device=device).view(1, w)
+    window = (tr // window_size) * cols + tc // window_size
+    position_of_token = window * window_size ** 2 + (tr % window_size) * window_size + tc % window_size
+    return token_of_position, position_of_token.reshape(-1)
+
+
+def _batch_window_order(grid: Tuple[int, int], window_size: int, batch: int, device: torch.device):
+    """``_window_order`` over a batch of images flattened into one token axis, the padding token
+    last (batch * h * w): the rows each window position of each image reads, and the positions
+    each image's tokens land at."""
+    token_of_position, position_of_token = _window_order(grid, window_size, device)
+    tokens, positions = grid[0] * grid[1], token_of_position.numel()
+    images = torch.arange(batch, device=device)[:, None]
+    reads = torch.where(token_of_position < tokens, token_of_position + images * tokens, batch * tokens)
+    return reads.reshape(-1), position_of_token
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_batch_window_order(grid: Tuple[int, int], window_size: int, batch: int, device: torch.device):
+    """``_batch_window_order`` made once per geometry, batch and device (a normal tensor even when
+    first made under ``inference_mode``, so that a later training step can save it for its backward)."""
+    with torch.inference_mode(False):
+        return _batch_window_order(grid, window_size, batch, device)
+
+
+def window_order(grid: Tuple[int, int], window_size: int, batch: int, device: torch.device):
+    """``_batch_window_order``, cached; made in the graph when compiling."""
+    order = _batch_window_order if torch.compiler.is_compiling() else _cached_batch_window_order
+    return order(tuple(grid), window_size, batch, device)
+
+
 @register_notrace_function
 def window_qkv(qkv: torch.Tensor, bias: Optional[torch.Tensor], grid: Tuple[int, int], window_size: int,
-               heads: int) -> torch.Tensor:
-    """(B, h*w, 3 * heads * C) projections of the (h, w) patch grid -> (3, B * windows, heads,
-    window_size**2, C): q, k and v of every window (windows in ViTDet's ``window_partition``
-    order).
+               heads: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, h*w, 3 * heads * C) projections of the (h, w) patch grid -> q, k and v of every window,
+    each (B * windows, heads, window_size**2, C) (windows in ViTDet's ``window_partition`` order),
+    strided views of one gathered tensor.
 
     ViTDet pads the block's input with zero tokens to whole windows and then projects them; a
     zero token's projection is the qkv bias. Here the projections of the real tokens are padded
     with the bias, which gives the same windows without projecting the padding (at 1024, 4096
-    tokens instead of 70x70 = 4900). A leaf for FX (the padding is sized in Python): see ``attention``."""
-    B, _, width = qkv.shape
+    tokens instead of 70x70 = 4900): one padding row (the bias, or zeros without one) follows
+    the batch's tokens and every window position reads its row with one ``index_select``; the
+    three gradients stack back in that layout (a GPU's two operations forward and three
+    backward, where padding, filling and permuting took twelve).
+    A leaf for FX (the padding is sized in Python): see ``attention``."""
+    B, N, width = qkv.shape
     h, w = grid
-    rows, cols = -(-h // window_size), -(-w // window_size)
-    padded = qkv.view(B, h, w, width)
-    if (rows * window_size, cols * window_size) != (h, w):
-        padded = F.pad(padded, (0, 0, 0, cols * window_size - w, 0, rows * window_size - h))
-        if bias is not None:
-            padded[:, h:] = bias
-            padded[:, :h, w:] = bias
-    windows = padded.view(B, rows, window_size, cols, window_size, 3, heads, width // (3 * heads))
-    return windows.permute(5, 0, 1, 3, 6, 2, 4, 7).reshape(3, B * rows * cols, heads, window_size ** 2, -1)
+    windows = -(-h // window_size) * -(-w // window_size)
+    reads, _ = window_order(grid, window_size, B, qkv.device)
+    rows = qkv.reshape(B * N, width)
+    if windows * window_size ** 2 != N:
+        padding = qkv.new_zeros(1, width) if bias is None else bias.to(qkv.dtype).view(1, width)
+        rows = torch.cat([rows, padding])
+    gathered = rows.index_select(0, reads).view(B * windows, window_size ** 2, 3, heads, -1)
+    q, k, v = (t.transpose(1, 2) for t in gathered.unbind(2))
+    return q, k, v
 
 
 @register_notrace_function
 def merge_windows(windows: torch.Tensor, grid: Tuple[int, int], window_size: int) -> torch.Tensor:
     """The inverse of ``window_qkv`` for attention's output: (B * windows, heads,
     window_size**2, C) -> (B, h*w, heads * C), the padding dropped (ViTDet's
-    ``window_unpartition``). A leaf for FX, as ``window_qkv``."""
-    _, heads, _, C = windows.shape
+    ``window_unpartition``), each token read from its window position by one ``index_select``
+    (CUDA's fused attention returns its output laid out as (windows, tokens, heads, C), which
+    the reshape keeps as a view). A leaf for FX, as ``window_qkv``."""
+    _, heads, tokens, C = windows.shape
     h, w = grid
-    rows, cols = -(-h // window_size), -(-w // window_size)
-    padded = windows.view(-1, rows, cols, heads, window_size, window_size, C).permute(0, 1, 4, 2, 5, 3, 6)
-    padded = padded.reshape(-1, rows * window_size, cols * window_size, heads * C)[:, :h, :w]
-    return padded.reshape(-1, h * w, heads * C)
+    per_image = -(-h // window_size) * -(-w // window_size) * tokens
+    _, position_of_token = window_order(grid, window_size, 1, windows.device)
+    flat = windows.transpose(1, 2).reshape(-1, per_image, heads * C)
+    return flat.index_select(1, position_of_token)

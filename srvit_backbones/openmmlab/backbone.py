@@ -9,6 +9,7 @@ from mmengine.model import BaseModule
 from ..checkpoint import load_pretrained
 from ..layer_decay import layer_depth
 from ..models import create_srvit
+from ..models.compiled import compile_options, feature_maps_function
 
 
 def core_prefix(prefix: Optional[str]) -> Optional[str]:
@@ -41,6 +42,12 @@ class SRViTBackbone(BaseModule):
             resized, a missing backbone weight is an error unless ``allow_partial``);
             ``prefix`` is mmengine's: where this backbone sits in a whole-model checkpoint
             (``'backbone.'``); without it the backbone is found by its patch embedding.
+        compile: ``torch.compile`` the backbone (its forward and backward, in training and
+            inference): True for torch.compile's defaults (inductor), or a dict of its
+            arguments (``dict(mode='max-autotune')``, ``dict(backend='aot_eager')``), as
+            mmengine's ``cfg.compile``, which compiles the whole ``train_step`` instead. The
+            necks and heads stay eager; mmengine's DDP wrapper is unchanged
+            (``srvit_backbones.models.compiled``).
         **overrides: any other core argument (``num_steps``, ``layout``, ``aggregation``,
             ``zero_init_recursion``, ``window_size``, ``token_merge_ratio``...).
     """
@@ -48,8 +55,9 @@ class SRViTBackbone(BaseModule):
     def __init__(self, variant: str = "srvit_s_t3", img_size: int = 512,
                  out_indices: Optional[Sequence[int]] = None, drop_path_rate: float = 0.1,
                  with_cp: bool = False, interpolate_mode: str = "bicubic", prefer_ema: bool = False,
-                 allow_partial: bool = False, init_cfg: Optional[dict] = None, **overrides):
+                 allow_partial: bool = False, init_cfg: Optional[dict] = None, compile=False, **overrides):
         super().__init__(init_cfg=init_cfg)
+        self.compile_options = compile_options(compile)
         if init_cfg is not None and init_cfg.get("type") == "Pretrained" and not init_cfg.get("checkpoint"):
             raise ValueError("init_cfg=dict(type='Pretrained') needs checkpoint=PATH")
         self.srvit = create_srvit(variant, img_size=img_size, num_classes=0, global_pool="",
@@ -86,7 +94,7 @@ class SRViTBackbone(BaseModule):
         super().init_weights()  # the core's init_weights(), with the settings it was built with
 
     def forward(self, x):
-        feats = self.srvit.forward_feature_maps(x, indices=self.out_indices)
+        feats = feature_maps_function(self.compile_options)(self.srvit, x, self.out_indices)
         return tuple(feats[self.srvit.feature_name(i)] for i in self.out_indices)
 
     def no_weight_decay(self):

@@ -1,9 +1,29 @@
-"""``Fp16CompressionHook``: gradients all-reduced in fp16 under DDP, detectron2's
-``train.ddp.fp16_compression`` (ViTDet's recipe) for mmengine runners."""
-from mmengine.hooks import Hook
+"""mmengine hooks of the SR-ViT configs, registered in mmseg's and mmdet's ``HOOKS`` by
+``srvit_backbones.mmseg`` / ``.mmdet`` (the configs' ``custom_imports``):
+
+- ``Fp16CompressionHook``: gradients all-reduced in fp16 under DDP, detectron2's
+  ``train.ddp.fp16_compression`` (ViTDet's recipe) for mmengine runners;
+- ``SRViTCheckpointHook``: mmengine's ``CheckpointHook`` with every checkpoint written whole or
+  not at all, and old checkpoints removed only once the new one is complete;
+- ``DivergenceCheckHook``: stops a run whose loss went non-finite, or whose GradScaler skipped
+  step after step, naming the iteration, the last checkpoint and what to try (mmengine logs
+  ``loss: nan`` to the end otherwise).
+"""
+import os
+
+import torch
+from mmengine.fileio import LocalBackend, register_backend
+from mmengine.hooks import CheckpointHook, Hook
 from mmengine.model import is_model_wrapper
+from mmengine.utils import mkdir_or_exist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 from torch.nn.parallel import DistributedDataParallel
+
+from ..faults import (MAX_CONSECUTIVE_SKIPPED_STEPS, Diverged, SkippedStepCounter, atomic_write, divergence_message,
+                      refuse_non_finite_weights)
+
+#: the ``backend_args`` backend that ``SRViTCheckpointHook`` writes local checkpoints with
+ATOMIC_LOCAL_BACKEND = "srvit_atomic_local"
 
 
 class Fp16CompressionHook(Hook):
@@ -20,3 +40,84 @@ class Fp16CompressionHook(Hook):
                             f"MMDistributedDataParallel); the model is wrapped in {type(model).__name__}: "
                             f"remove the hook from custom_hooks")
         model.register_comm_hook(state=None, hook=fp16_compress_hook)
+
+
+class AtomicLocalBackend(LocalBackend):
+    """mmengine's local file backend whose ``put`` (how ``Runner.save_checkpoint`` writes) goes
+    to ``FILE.tmp`` and is renamed over ``FILE`` once complete (``faults.atomic_write``): a
+    process killed mid-write, or a full disk, leaves no truncated checkpoint for ``--resume`` to
+    find, and a failed write is an error naming the file and the cause."""
+
+    def put(self, obj: bytes, filepath) -> None:
+        mkdir_or_exist(os.path.dirname(str(filepath)))
+        atomic_write(str(filepath), lambda f: f.write(obj))
+
+
+register_backend(ATOMIC_LOCAL_BACKEND, AtomicLocalBackend)
+
+
+class SRViTCheckpointHook(CheckpointHook):
+    """mmengine's ``CheckpointHook`` (same arguments), made safe against a fault while saving:
+
+    - checkpoints in a local ``out_dir`` are written with ``AtomicLocalBackend`` (to a temporary
+      file, renamed once complete), unless ``backend_args`` names another backend;
+    - mmengine removes the oldest kept checkpoint (``max_keep_ckpts``) before it writes the new
+      one, so a write that fails would leave one complete checkpoint fewer (none with
+      ``max_keep_ckpts=1``); here the old ones are removed after the new one is complete.
+
+    ``last_checkpoint``, which ``--resume`` reads, is written only after the checkpoint is, so it
+    always names a complete file. Non-finite weights are not saved: the run stops instead
+    (``faults.refuse_non_finite_weights``), so a checkpoint is never replaced by a diverged one."""
+
+    def __init__(self, *args, out_dir=None, file_client_args=None, backend_args=None, **kwargs):
+        if backend_args is None and file_client_args is None and "://" not in str(out_dir or ""):
+            backend_args = dict(backend=ATOMIC_LOCAL_BACKEND)
+        super().__init__(*args, out_dir=out_dir, file_client_args=file_client_args, backend_args=backend_args,
+                         **kwargs)
+
+    def _save_checkpoint_with_step(self, runner, step, meta):
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        refuse_non_finite_weights(model.state_dict(), meta.get("iter", runner.iter), runner.message_hub.get_info(
+            "last_ckpt"), "--resume", divergence_fixes(runner))
+        outdated = []
+        self.file_backend.remove = outdated.append  # this backend object only: removals wait for the write
+        try:
+            super()._save_checkpoint_with_step(runner, step, meta)
+        finally:
+            del self.file_backend.remove
+        for path in outdated:
+            self.file_backend.remove(path)
+
+
+class DivergenceCheckHook(Hook):
+    """Stops training (``faults.Diverged``, a FloatingPointError) after an iteration whose loss is not finite, or once
+    an ``AmpOptimWrapper``'s GradScaler has skipped more than ``max_consecutive_skipped_steps``
+    optimizer steps in a row. Runs before the ``CheckpointHook``, so a diverged iteration is
+    never saved: the last checkpoint the message names holds finite weights. mmengine reads
+    the loss every iteration already (its log buffers), so the check adds no device sync."""
+
+    priority = "ABOVE_NORMAL"
+
+    def __init__(self, max_consecutive_skipped_steps: int = MAX_CONSECUTIVE_SKIPPED_STEPS):
+        self.skipped = SkippedStepCounter(max_consecutive_skipped_steps)
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        loss = (outputs or {}).get("loss")
+        if loss is not None and not torch.isfinite(torch.as_tensor(loss)).all():
+            self._stop(runner, f"the loss became {torch.as_tensor(loss).float().mean().item()}")
+        if self.skipped.update(getattr(runner.optim_wrapper, "loss_scaler", None)):
+            self._stop(runner, self.skipped.describe("the AmpOptimWrapper's GradScaler"))
+
+    @staticmethod
+    def _stop(runner, what: str) -> None:
+        raise Diverged(divergence_message(what, runner.iter + 1, runner.message_hub.get_info("last_ckpt"), "--resume",
+                                          divergence_fixes(runner)))
+
+
+def divergence_fixes(runner):
+    """What to try when a run of ``runner`` diverges, in its config's keys."""
+    fixes = ["a lower optim_wrapper.optimizer.lr (or a longer warmup in param_scheduler)",
+             "gradient clipping: optim_wrapper.clip_grad=dict(max_norm=1.0)"]
+    if type(runner.optim_wrapper).__name__ == "AmpOptimWrapper":
+        fixes.append("fp32: optim_wrapper.type=OptimWrapper (or bf16: optim_wrapper.dtype=bfloat16)")
+    return fixes

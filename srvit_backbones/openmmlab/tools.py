@@ -1,14 +1,17 @@
 """What tools/train_seg.py, test_seg.py, train_det.py and test_det.py share: the config with
-the command line applied (as mmseg's and mmdet's own tools/train.py and tools/test.py do), and
-a check of the dataset's files before the Runner is built."""
+the command line applied (as mmseg's and mmdet's own tools/train.py and tools/test.py do), a
+check of the dataset's files before the Runner is built, and a training run's fault handling
+(the fault hooks, the collective timeout, ``--launcher pytorch`` on a machine without a GPU)."""
 import os
 import os.path as osp
 from typing import Callable, Iterable, Optional
 
 import torch
+import torch.distributed as dist
 from mmengine.config import Config
 
 from ..config_files import resolve_config
+from ..faults import COLLECTIVE_TIMEOUT_S, collective_timeout
 
 
 def apply_amp(cfg: Config, requested: bool) -> None:
@@ -25,6 +28,20 @@ def apply_amp(cfg: Config, requested: bool) -> None:
     if requested and cfg.optim_wrapper.type != "AmpOptimWrapper":
         cfg.optim_wrapper.type = "AmpOptimWrapper"
         cfg.optim_wrapper.loss_scale = "dynamic"
+
+
+def check_compile(cfg: Config) -> None:
+    """Refuse mmengine's own ``compile`` (the Runner compiles the whole ``train_step``) where it
+    cannot work, naming the backbone's switch: with a ``paramwise_cfg`` (every shipped config's,
+    for layer decay) mmengine builds the optimizer's parameter groups as ``ConfigDict``s, and
+    torch 2.14's dynamo stops in ``AdamW.step`` on them (``InternalTorchDynamoError``), after the
+    whole first step has compiled."""
+    if cfg.get("compile") and cfg.optim_wrapper.get("paramwise_cfg") is not None:
+        raise SystemExit(f"compile={cfg.compile!r} is mmengine's whole-model compile (the Runner's train_step, "
+                         "optimizer step included), which fails with this config's optim_wrapper.paramwise_cfg "
+                         "(torch's dynamo cannot trace the ConfigDict parameter groups mmengine makes of it); "
+                         "compile the backbone instead: drop compile and set model.backbone.compile=True "
+                         "(--cfg-options model.backbone.compile=True)")
 
 
 def load_config(args, framework: str, custom_data: Optional[Callable[[Config], None]] = None) -> Config:
@@ -47,6 +64,46 @@ def load_config(args, framework: str, custom_data: Optional[Callable[[Config], N
     elif cfg.get("work_dir", None) is None:
         cfg.work_dir = osp.join("./work_dirs", osp.splitext(osp.basename(args.config))[0])
     return cfg
+
+
+def prepare_training(cfg: Config) -> None:
+    """A training run's config made to survive faults, and its process group started where
+    mmengine cannot: the checkpoint hook made ``SRViTCheckpointHook`` (written whole or not at
+    all) and ``DivergenceCheckHook`` added where a config (a user's own) lacks them, the
+    collective timeout ``faults.COLLECTIVE_TIMEOUT_S`` where ``env_cfg.dist_cfg`` sets none, and
+    ``init_cpu_distributed``."""
+    checkpoint = (cfg.get("default_hooks") or {}).get("checkpoint")
+    if checkpoint and checkpoint.get("type") == "CheckpointHook":
+        checkpoint["type"] = "SRViTCheckpointHook"
+    hooks = cfg.setdefault("custom_hooks", [])
+    if not any(hook.get("type") == "DivergenceCheckHook" for hook in hooks):
+        hooks.append(dict(type="DivergenceCheckHook"))
+    if cfg.get("env_cfg") is not None:
+        cfg.env_cfg.setdefault("dist_cfg", dict(backend="nccl")).setdefault("timeout", COLLECTIVE_TIMEOUT_S)
+    init_cpu_distributed(cfg)
+
+
+def init_cpu_distributed(cfg: Config) -> None:
+    """``--launcher pytorch`` (torchrun, one machine or many) on machines without a GPU:
+    mmengine's ``init_dist`` calls ``torch.cuda.set_device`` and fails there, and its DDP wrapper
+    passes a GPU index as ``device_ids``. Here the gloo process group is started before the
+    Runner (which then uses it) and DDP wraps the CPU model without ``device_ids``."""
+    if cfg.launcher == "none" or torch.cuda.is_available() or dist.is_initialized():
+        return
+    dist_cfg = (cfg.get("env_cfg") or {}).get("dist_cfg") or {}
+    if cfg.launcher != "pytorch":
+        raise SystemExit(f"--launcher {cfg.launcher} on a machine without a GPU: mmengine's {cfg.launcher} launcher "
+                         f"needs CUDA; start the processes with torchrun and --launcher pytorch (with "
+                         f"--cfg-options env_cfg.dist_cfg.backend=gloo)")
+    if dist_cfg.get("backend", "nccl") != "gloo":
+        raise SystemExit(f"env_cfg.dist_cfg.backend={dist_cfg.get('backend', 'nccl')!r} needs GPUs; this machine has "
+                         f"none: add --cfg-options env_cfg.dist_cfg.backend=gloo to train on the CPU")
+    dist.init_process_group("gloo", timeout=collective_timeout(dist_cfg.get("timeout")))
+    wrapper = cfg.get("model_wrapper_cfg") or dict(
+        type="MMDistributedDataParallel", broadcast_buffers=False,
+        find_unused_parameters=cfg.get("find_unused_parameters", False))
+    wrapper["device_ids"] = None
+    cfg.model_wrapper_cfg = wrapper
 
 
 def datasets(dataset, where):

@@ -17,6 +17,8 @@ from timm.data import FastCollateMixup, Mixup, create_dataset, create_loader, re
 from timm.utils import accuracy
 
 from srvit_backbones import amp
+from srvit_backbones.faults import (Diverged, SkippedStepCounter, atomic_torch_save, divergence_message,
+                                    refuse_non_finite_weights)
 
 logger = logging.getLogger("srvit.pretrain")
 
@@ -159,6 +161,10 @@ def train_one_epoch(epoch, model, loader, optimizer, criterion, scheduler, args,
         optimizer.zero_grad(set_to_none=True)
         if loss_scaler is not None:
             loss_scaler(loss, optimizer, clip_grad=args.clip_grad, parameters=model.parameters())
+            # GradScaler.step already reads its inf check on the host every step: reading the scale adds no sync
+            skipped = state.setdefault("skipped_steps", SkippedStepCounter())
+            if skipped.update(loss_scaler._scaler):
+                raise Diverged(diverged(skipped.describe(), state["global_iter"] + 1, args))
         else:
             loss.backward()
             if args.clip_grad:
@@ -172,8 +178,8 @@ def train_one_epoch(epoch, model, loader, optimizer, criterion, scheduler, args,
         if (i + 1) % args.log_interval != 0 and i + 1 != n_iters:
             continue
         if nonfinite.item():  # the logging period: the one sync
-            raise FloatingPointError(f"the loss was not finite in iterations {last_check + 1}..{i} of epoch {epoch} "
-                                     f"(now {loss.item()}); lower --lr or use --amp bf16 / --clip-grad")
+            raise Diverged(diverged(f"the loss was not finite in iterations {last_check + 1}..{i} of epoch "
+                                              f"{epoch} (now {loss.item()})", state["global_iter"], args))
         nonfinite, last_check = None, i
         if is_main():
             elapsed = time.time() - start
@@ -183,6 +189,18 @@ def train_one_epoch(epoch, model, loader, optimizer, criterion, scheduler, args,
                         optimizer.param_groups[0]["lr"], seen * world / elapsed,
                         time.strftime("%H:%M:%S", time.gmtime(remaining)))
     return loss.item()
+
+
+def diverged(what: str, iteration: int, args) -> str:
+    """The message that stops a diverged run: what happened, the last checkpoint (written at the
+    end of an epoch whose losses were all finite) and what to try."""
+    last = os.path.join(args.output, "last.pth")
+    return divergence_message(what, iteration, last if os.path.isfile(last) else None, "--resume auto",
+                              DIVERGENCE_FIXES)
+
+
+DIVERGENCE_FIXES = ("a lower --lr (or more --warmup-epochs)", "gradient clipping: --clip-grad 1.0",
+                    "--amp bf16, or fp32: --amp none")
 
 
 @torch.no_grad()
@@ -211,7 +229,10 @@ def evaluate(model, loader, args, max_iters: Optional[int] = None):
 
 def save_checkpoint(path, model, optimizer, scheduler, loss_scaler, epoch, best_top1, args, model_ema=None,
                     global_iter=0):
-    """Tensors and plain containers only: loads under torch's weights_only=True."""
+    """Tensors and plain containers only: loads under torch's weights_only=True. Non-finite
+    weights are not saved (``faults.refuse_non_finite_weights``): the run stops instead."""
+    refuse_non_finite_weights(unwrap(model).state_dict(), global_iter,
+                              path if os.path.isfile(path) else None, "--resume auto", DIVERGENCE_FIXES)
     ckpt = {
         "model": unwrap(model).state_dict(),
         "optimizer": optimizer.state_dict(),
@@ -227,9 +248,7 @@ def save_checkpoint(path, model, optimizer, scheduler, loss_scaler, epoch, best_
         ckpt["scaler"] = loss_scaler.state_dict()
     if model_ema is not None:
         ckpt["model_ema"] = unwrap(model_ema.module).state_dict()
-    tmp = path + ".tmp"
-    torch.save(ckpt, tmp)
-    os.replace(tmp, path)
+    atomic_torch_save(ckpt, path)  # a write killed or cut short by a full disk leaves the previous file
 
 
 def unwrap(model: nn.Module) -> nn.Module:

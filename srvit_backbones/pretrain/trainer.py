@@ -20,6 +20,7 @@ from timm.utils import ModelEmaV3, NativeScaler
 import srvit_backbones  # noqa: F401  (registers the variants)
 from srvit_backbones import amp, load_pretrained
 from srvit_backbones.checkpoint import read_checkpoint
+from srvit_backbones.faults import collective_timeout
 
 from . import engine
 
@@ -51,7 +52,7 @@ def init_distributed(args) -> bool:
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
     backend = "nccl" if args.device.startswith("cuda") else "gloo"
-    dist.init_process_group(backend=backend)
+    dist.init_process_group(backend=backend, timeout=collective_timeout())
     if args.device.startswith("cuda"):
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         args.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"

@@ -1,0 +1,71 @@
+"""Faults of a detectron2 run, as every entry point handles them (``srvit_backbones.faults``):
+a diverged run stopped with the iteration, the last checkpoint and what to try (detectron2 stops
+at a non-finite loss itself, "Loss became infinite or NaN at iteration=N", but names neither,
+and its ``AMPTrainer`` lets a GradScaler skip every step silently); a process of the job that
+dies named by its global rank, with the collective timeout of ``faults.COLLECTIVE_TIMEOUT_S``."""
+import contextlib
+
+from detectron2.engine import HookBase
+from detectron2.engine import launch as detectron2_launch
+from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+
+from ..faults import MAX_CONSECUTIVE_SKIPPED_STEPS, Diverged, SkippedStepCounter, collective_timeout, divergence_message
+
+FIXES = ("a lower optimizer.lr (or a longer lr_multiplier.warmup_length)",
+         "gradient clipping (detectron2.solver.build.maybe_add_gradient_clipping)",
+         "fp32: train.amp.enabled=False")
+
+
+class DivergenceCheck(HookBase):
+    """Stops training (``faults.Diverged``) once the ``AMPTrainer``'s GradScaler has skipped more
+    than ``max_consecutive_skipped_steps`` optimizer steps in a row; a trainer without one is
+    left alone. Register it before the PeriodicCheckpointer, so that a checkpoint is never
+    written after such a step."""
+
+    def __init__(self, checkpointer, max_consecutive_skipped_steps: int = MAX_CONSECUTIVE_SKIPPED_STEPS):
+        self.checkpointer = checkpointer
+        self.skipped = SkippedStepCounter(max_consecutive_skipped_steps)
+
+    def after_step(self):
+        if self.skipped.update(getattr(self.trainer, "grad_scaler", None)):
+            raise Diverged(divergence_message(self.skipped.describe("the AMPTrainer's GradScaler"),
+                                                        self.trainer.iter, last_checkpoint(self.checkpointer),
+                                                        "--resume", FIXES))
+
+
+def last_checkpoint(checkpointer):
+    """The file ``last_checkpoint`` names in the output folder, or None."""
+    return checkpointer.get_checkpoint_file() if checkpointer.has_checkpoint() else None
+
+
+@contextlib.contextmanager
+def explained_divergence(trainer):
+    """Re-raises the FloatingPointError of detectron2's own divergence checks (a non-finite loss;
+    non-finite predicted boxes in the ROI heads) with the iteration, the last checkpoint (of
+    ``trainer.checkpointer``, as detectron2's DefaultTrainer holds it) and what to try."""
+    try:
+        yield
+    except FloatingPointError as e:
+        if isinstance(e, Diverged):
+            raise
+        raise Diverged(divergence_message(f"the run diverged ({str(e).strip()})", trainer.iter,
+                                          last_checkpoint(trainer.checkpointer), "--resume", FIXES)) from e
+
+
+def launch(main, args) -> None:
+    """detectron2's ``launch`` with ``default_argument_parser``'s arguments (``--num-gpus``,
+    ``--num-machines``, ``--machine-rank``, ``--dist-url``) and the collective timeout. Where a
+    process of this machine dies (a SIGKILL, the OOM killer) or raises, torch reports "process 0
+    terminated with signal SIGKILL", its index on this machine: the exit names its global rank."""
+    try:
+        detectron2_launch(main, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
+                          dist_url=args.dist_url, args=(args,), timeout=collective_timeout())
+    except (ProcessExitedException, ProcessRaisedException) as e:
+        rank = args.machine_rank * args.num_gpus + e.error_index
+        if isinstance(e, ProcessRaisedException):
+            raise SystemExit(f"rank {rank} (process {e.error_pid} on machine {args.machine_rank}) failed: the job is "
+                             f"stopped; its error is above") from e
+        how = f"was killed by signal {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
+        raise SystemExit(f"rank {rank} (process {e.error_pid} on machine {args.machine_rank}) {how}: the job is "
+                         f"stopped; continue it with --resume (the last complete checkpoint in train.output_dir)") from e
+
