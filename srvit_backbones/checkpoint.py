@@ -388,6 +388,50 @@ def require_fit(weights: Mapping[str, torch.Tensor], model: nn.Module, source: s
     return report
 
 
+def require_fine_tune_fit(weights: Dict[str, torch.Tensor], model_sd: Mapping[str, torch.Tensor],
+                          class_dependent: "re.Pattern", backbones: Mapping[str, bool], log: logging.Logger,
+                          source: str, allow_partial_key: str) -> List[str]:
+    """A whole detector's or segmentor's checkpoint (``weights``) against the model about to
+    receive it, as the frameworks load it (non-strictly, logging what differs): every SR-ViT
+    backbone tensor must be there (``backbones``: state-dict prefix of each core model ->
+    its ``allow_partial``), every tensor must have the model's shape, except the layers sized by
+    the number of classes (``class_dependent`` matches their names), which are removed from
+    ``weights`` so that they keep their initialisation when a model of other classes is
+    fine-tuned, and are logged. ``CheckpointError`` otherwise, naming the tensors, ``source``
+    (the config key of the checkpoint) and ``allow_partial_key``. Returns the removed keys."""
+    mismatched = [k for k, v in weights.items() if k in model_sd and tuple(v.shape) != tuple(model_sd[k].shape)]
+    reinitialised = [k for k in mismatched if class_dependent.match(k)]
+    others = [k for k in mismatched if k not in reinitialised]
+    if others:
+        raise CheckpointError(
+            f"{len(others)} tensors of {source} have another shape than the model's (only the layers sized by "
+            f"the number of classes may differ, for fine-tuning on other classes):\n  "
+            + "\n  ".join(f"{k}: checkpoint {tuple(weights[k].shape)} vs model {tuple(model_sd[k].shape)}"
+                          for k in others[:8])
+            + "\nUse the config the checkpoint was trained with (backbone variant, widths, heads).")
+    missing, groups = 0, []
+    for prefix, allow_partial in backbones.items():
+        if not allow_partial:
+            report = LoadReport(missing=[k[len(prefix):] for k in model_sd if k.startswith(prefix) and k not in weights])
+            missing += len(report.required_missing)
+            groups += [prefix + k for k in group_keys(report.required_missing)]
+    if missing:
+        found = sum(1 for k in weights if k in model_sd)
+        raise CheckpointError(
+            f"{source} does not hold {missing} of the SR-ViT backbone's tensors ({found} of its {len(weights)} "
+            f"tensors are this model's):\n  " + "\n  ".join(groups)
+            + f"\nIs it an SR-ViT checkpoint of this variant? Give {source} a tools/pretrain.py checkpoint or a "
+              f"model trained with this backbone; to start the missing tensors from their initialisation on "
+              f"purpose, set {allow_partial_key}.")
+    if reinitialised:
+        log.warning("Fine-tuning on other classes: %d class-dependent tensors start from their initialisation "
+                    "(checkpoint shape -> model shape): %s", len(reinitialised),
+                    ", ".join(f"{k} {tuple(weights[k].shape)} -> {tuple(model_sd[k].shape)}" for k in reinitialised))
+    for k in reinitialised:
+        del weights[k]
+    return reinitialised
+
+
 def load_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Any]], prefer_ema: bool = False,
                     allow_partial: bool = False, prefix: Optional[str] = None, allow_shape_mismatch: bool = False,
                     log: Optional[logging.Logger] = None, vit_blocks: Optional[Sequence[int]] = None) -> LoadReport:

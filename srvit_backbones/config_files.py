@@ -63,3 +63,24 @@ def resolve_config(framework: str, path: str) -> str:
                                 f"config {path!r} not found: neither a file nor a shipped {framework} config "
                                 f"(shipped: {', '.join(list_configs(framework))})")
     return shipped
+
+
+def framework_of(path: str) -> Optional[str]:
+    """The framework a config is for: the shipped folder it sits in, else what its text uses
+    (a LazyConfig's ``dataloader.train`` or ``model_zoo``; an mmengine config naming mmdet or
+    mmseg); None when that does not tell (a bare name shipped for several frameworks)."""
+    if not os.path.isfile(path):
+        found = [fw for fw in _FOLDERS if config_path(fw, path)]
+        return found[0] if len(found) == 1 else None
+    parts = os.path.abspath(path).split(os.sep)
+    for framework, folder in _FOLDERS.items():
+        if folder in parts:
+            return framework
+    with open(path) as f:
+        text = f.read()
+    if "detectron2" in text and "_base_" not in text:
+        return "detectron2"
+    for framework in ("mmseg", "mmdet"):
+        if framework in text or f"{framework}_configs" in text:
+            return framework
+    return None

@@ -1220,3 +1220,40 @@ def test_cascade_scores_are_the_mean_of_the_stages_probabilities_as_detectron2(n
         expected, got = torch.stack(logits).softmax(-1).mean(0), torch.cat(cls_scores).softmax(-1)
     assert len(logits) == 3 and not torch.allclose(logits[0], logits[1])
     assert torch.allclose(got, expected, rtol=1e-5, atol=1e-7)
+
+
+# ----------------------------------------------------------------------------- your own data
+CUSTOM_CLASSES = ["disc", "box", "wedge"]
+
+
+def test_fine_tune_a_coco_detector_on_three_classes_of_your_own(coco_root, trained, tmp_path, monkeypatch, capsys):
+    """tools/train_det.py --coco-train/--coco-val (mmdet's metainfo + ann_file + data_prefix, set
+    from the file) from the 80-class quickstart run: the heads are sized from the file's 3
+    categories, their class-dependent layers start anew (listed in the log), CocoMetric scores the
+    file's classes, and 30 iterations at lr 1e-3 learn: box AP50 above 0.1 (measured at this seed:
+    box AP50 0.437; seeds 1 and 2, from a 20-iteration base on other images: 0.133 and 0.350).
+    The tool runs in this process."""
+    work, _ = trained
+    data = tmp_path / "mydata"
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_synthetic_coco.py"), "--root", str(data),
+                    "--train", "8", "--val", "4", "--size", "128", "160", "--categories", *CUSTOM_CLASSES], check=True)
+    out = tmp_path / "work"
+    iters = 30
+    monkeypatch.chdir(tmp_path)
+    load_tool("train_det").main([
+        QUICKSTART, "--work-dir", str(out), "--coco-train", str(data / "annotations" / "train.json"), str(data / "train"),
+        "--coco-val", str(data / "annotations" / "val.json"), str(data / "val"),
+        "--cfg-options", f"load_from={os.path.join(work, f'iter_{ITERS}.pth')}", *SMALL,
+        f"train_cfg.max_iters={iters}", f"train_cfg.val_interval={iters}", f"default_hooks.checkpoint.interval={iters}",
+        "param_scheduler.0.end=4", "param_scheduler.1.begin=4", f"param_scheduler.1.end={iters}",
+        f"param_scheduler.1.T_max={iters - 4}", "train_dataloader.sampler.type=InfiniteSampler",
+        "optim_wrapper.optimizer.lr=1e-3"])
+    assert "data check: 14 files" in capsys.readouterr().out
+    (log_file,) = glob.glob(str(out / "*" / "*.log"))
+    log = open(log_file).read()
+    assert re.search(r"6 class-dependent tensors start from their initialisation.*"
+                     r"roi_head.bbox_head.fc_cls.weight \(81, 256\) -> \(4, 256\)", log), log[-3000:]
+    saved = torch.load(out / f"iter_{iters}.pth", map_location="cpu", weights_only=False)
+    assert saved["meta"]["dataset_meta"]["classes"] == tuple(CUSTOM_CLASSES)
+    (metrics,) = [r for r in scalars(str(out)) if "coco/bbox_mAP" in r]
+    assert metrics["coco/bbox_mAP_50"] > 0.1, metrics

@@ -11,6 +11,11 @@ lists all 80 COCO categories with their official ids, so the stock dataset names
 
     python tools/make_synthetic_coco.py --root datasets --train 64 --val 16
     DETECTRON2_DATASETS=datasets python tools/train_net.py --config ...
+
+With ``--categories A B C`` it writes a dataset of your own instead, as labelling tools export
+COCO: the three shapes are categories 1..3 under those names (only they are listed), in
+
+    ROOT/{train,val}/*.jpg   ROOT/annotations/{train,val}.json
 """
 import argparse
 import json
@@ -43,7 +48,7 @@ def polygon_area(points):
     return float(0.5 * abs(np.dot(xs, np.roll(ys, 1)) - np.dot(ys, np.roll(xs, 1))))
 
 
-def make_image(rng, size, max_shapes):
+def make_image(rng, size, max_shapes, category_ids=SHAPES):
     h, w = size
     background = rng.integers(0, 80, size=(h // 8 + 1, w // 8 + 1, 3), dtype=np.uint8)
     image = Image.fromarray(np.kron(background, np.ones((8, 8, 1), dtype=np.uint8))[:h, :w])
@@ -65,30 +70,35 @@ def make_image(rng, size, max_shapes):
         xs, ys = zip(*points)
         x0, y0 = max(min(xs), 0.0), max(min(ys), 0.0)
         x1, y1 = min(max(xs), w - 1.0), min(max(ys), h - 1.0)
-        anns.append(dict(category_id=SHAPES[kind], segmentation=[[round(v, 2) for p in points for v in p]],
+        anns.append(dict(category_id=category_ids[kind], segmentation=[[round(v, 2) for p in points for v in p]],
                          bbox=[round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2)],
                          area=round(polygon_area(points), 2), iscrowd=0))
     return image, anns
 
 
-def write_split(root, split, count, size, max_shapes, seed):
+def write_split(root, split, count, size, max_shapes, seed, categories=None):
+    """One split in COCO's layout, or with ``categories`` (names of the shapes' classes) in a
+    custom dataset's."""
     rng = np.random.default_rng(seed)
-    image_dir = os.path.join(root, "coco", f"{split}2017")
+    image_dir = os.path.join(root, split) if categories else os.path.join(root, "coco", f"{split}2017")
     os.makedirs(image_dir, exist_ok=True)
+    ids = {kind: i + 1 for i, kind in enumerate(list(SHAPES)[:len(categories)])} if categories else SHAPES
     images, annotations = [], []
     for i in range(count):
-        image, anns = make_image(rng, size, max_shapes)
+        image, anns = make_image(rng, size, max_shapes, ids)
         name = f"{i:012d}.jpg"
         image.save(os.path.join(image_dir, name), quality=95)
         images.append(dict(id=i + 1, file_name=name, height=size[0], width=size[1]))
         for ann in anns:
             annotations.append(dict(ann, id=len(annotations) + 1, image_id=i + 1))
-    ann_dir = os.path.join(root, "coco", "annotations")
+    ann_dir = os.path.join(root, "annotations") if categories else os.path.join(root, "coco", "annotations")
     os.makedirs(ann_dir, exist_ok=True)
-    path = os.path.join(ann_dir, f"instances_{split}2017.json")
+    path = os.path.join(ann_dir, f"{split}.json" if categories else f"instances_{split}2017.json")
+    listed = [dict(id=i + 1, name=name, supercategory="shape") for i, name in enumerate(categories)] \
+        if categories else coco_categories()
     with open(path, "w") as f:
         json.dump(dict(info=dict(description="srvit-backbones synthetic shapes"), licenses=[], images=images,
-                       annotations=annotations, categories=coco_categories()), f)
+                       annotations=annotations, categories=listed), f)
     return path, len(images), len(annotations)
 
 
@@ -101,9 +111,14 @@ def parse_args(argv=None, description=__doc__):
     parser.add_argument("--size", type=int, nargs=2, default=[256, 320], metavar=("H", "W"))
     parser.add_argument("--max-shapes", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    if description == __doc__:
+        parser.add_argument("--categories", nargs="+", metavar="NAME",
+                            help=f"a custom dataset: up to {len(SHAPES)} class names for the shapes")
     args = parser.parse_args(argv)
     if args.train < 1 or args.val < 1:
         parser.error("--train and --val must be at least 1")
+    if len(getattr(args, "categories", None) or ()) > len(SHAPES):
+        parser.error(f"--categories: at most {len(SHAPES)} names (one per shape)")
     return args
 
 
@@ -115,9 +130,11 @@ def splits(args):
 def main(argv=None):
     args = parse_args(argv)
     for split, count, seed in splits(args):
-        path, n_img, n_ann = write_split(args.root, split, count, tuple(args.size), args.max_shapes, seed)
+        path, n_img, n_ann = write_split(args.root, split, count, tuple(args.size), args.max_shapes, seed,
+                                         args.categories)
         print(f"wrote {path}: {n_img} images, {n_ann} instances")
-    print(f"use it with: DETECTRON2_DATASETS={args.root}")
+    if not args.categories:
+        print(f"use it with: DETECTRON2_DATASETS={args.root}")
 
 
 if __name__ == "__main__":

@@ -6,12 +6,14 @@
     python tools/train_net.py --config ... --eval-only train.init_checkpoint=output/model_final.pth
     python tools/train_net.py --config ... --resume                 # continue from output_dir
     python tools/train_net.py --config ... train.max_iter=1000 dataloader.train.total_batch_size=8
+    python tools/train_net.py --config ... --coco-train train.json train/ --coco-val val.json val/   # your data
 
 Configs are found by path, or by name through the installed package
 (``--config mask_rcnn_srvit_s_t3.py``). ``train.init_checkpoint`` takes a
 ``tools/pretrain.py`` checkpoint, a timm DeiT state dict, or a detectron2 checkpoint; a
 pretraining checkpoint that lacks backbone weights is refused unless
-``model.backbone.net.allow_partial=True``.
+``model.backbone.net.allow_partial=True``. The datasets' files are checked before the model is
+built (tools/check_data.py's check; ``--skip-data-check`` skips it).
 """
 import logging
 import os
@@ -23,7 +25,9 @@ from detectron2.engine.defaults import create_ddp_model
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 
-from srvit_backbones.detectron2 import SRViTCheckpointer, faults, training, validate_config
+from srvit_backbones.config_files import resolve_config
+from srvit_backbones.data_check import add_coco_arguments, add_skip_argument
+from srvit_backbones.detectron2 import SRViTCheckpointer, custom_data, faults, training, validate_config
 
 logger = logging.getLogger("srvit.train_net")
 
@@ -100,13 +104,20 @@ def do_train(args, cfg):
 def load_config(args):
     """The config named by ``args`` (a path or a shipped name) with its ``key=value`` overrides."""
     try:
-        return training.load_config(args.config_file, args.opts)
-    except FileNotFoundError as e:
-        sys.exit(str(e))
+        return training.load_config(args.config_file, args.opts, args.coco_train, args.coco_val)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"config error: {e}")
+
+
+def check_data(args):
+    """The data check of tools/check_data.py, once, before the processes start."""
+    if not args.skip_data_check:
+        custom_data.check_config_data(args.config_file, args.opts, args.coco_train, args.coco_val)
 
 
 def main(args):
     cfg = load_config(args)
+    args.config_file = resolve_config("detectron2", args.config_file)  # default_setup logs the file: a path
     default_setup(cfg, args)
     check_config(cfg)
     if args.eval_only:
@@ -117,6 +128,8 @@ def main(args):
 def parse_args(argv=None):
     parser = default_argument_parser(epilog=__doc__)
     parser.add_argument("--config", dest="config_file", metavar="FILE", help="alias of --config-file")
+    add_coco_arguments(parser)  # your own data: --coco-train, --coco-val
+    add_skip_argument(parser)
     args = parser.parse_args(argv)
     if not args.config_file:
         parser.error("--config (or --config-file) is required")
@@ -124,4 +137,6 @@ def parse_args(argv=None):
 
 
 if __name__ == "__main__":
-    faults.launch(main, parse_args())
+    args = parse_args()
+    check_data(args)
+    faults.launch(main, args)

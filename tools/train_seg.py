@@ -11,7 +11,9 @@ import argparse
 from mmengine.config import DictAction
 from mmengine.runner import Runner
 
-from srvit_backbones.mmseg.tools import apply_amp, check_compile, check_data, load_config, prepare_training
+from srvit_backbones.mmseg.tools import (add_data_arguments, apply_amp, check_compile, check_data, load_config,
+                                         prepare_training)
+from srvit_backbones.openmmlab.fine_tune import check_load_from
 
 
 def parse_args(argv=None):
@@ -25,6 +27,7 @@ def parse_args(argv=None):
                         help="override some settings in the used config, key=value pairs")
     parser.add_argument("--launcher", choices=["none", "pytorch", "slurm", "mpi"], default="none", help="job launcher")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=0)
+    add_data_arguments(parser)  # your own data (--coco-train... / --seg-train...), --skip-data-check
     return parser.parse_args(argv)
 
 
@@ -35,9 +38,11 @@ def build_runner(argv=None) -> Runner:
     apply_amp(cfg, args.amp)
     check_compile(cfg)
     cfg.resume = args.resume
-    check_data(cfg, ("train_dataloader", "val_dataloader"))
+    check_data(cfg, ("train_dataloader", "val_dataloader"), read_files=not args.skip_data_check)
     prepare_training(cfg)
-    return Runner.from_cfg(cfg)
+    runner = Runner.from_cfg(cfg)
+    check_load_from(runner)  # fine-tuning: only the class-dependent layers may differ
+    return runner
 
 
 def main(argv=None):

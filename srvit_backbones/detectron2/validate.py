@@ -2,6 +2,8 @@
 handle silently (a square pad smaller than the images crops them)."""
 import torch
 
+from .custom_data import check_num_classes
+
 
 def _max_image_side(augmentations):
     side = 0
@@ -39,7 +41,9 @@ def validate_config(cfg):
                          "train.amp.enabled=False to run on the CPU")
     if cfg.train.amp.enabled and not device.startswith("cuda"):
         raise ValueError("train.amp.enabled=True needs a GPU (detectron2's AMPTrainer); pass train.amp.enabled=False")
-    return validate_lvis_data(cfg)
+    validate_lvis_data(cfg)  # first: an LVIS config on a COCO file also has other classes
+    check_num_classes(cfg)
+    return cfg
 
 
 def is_lvis_config(cfg) -> bool:

@@ -1,18 +1,66 @@
-"""Helpers of tools/train_det.py and tools/test_det.py: mmdet's own scripts' logic, and what a
-missing COCO looks like."""
+"""Helpers of tools/train_det.py and tools/test_det.py: mmdet's own scripts' logic, your own
+COCO-format dataset (mmdet's convention: ``metainfo`` + ``data_root`` + ``ann_file``), and what
+a missing COCO looks like."""
+import os
+
 from mmengine.config import Config
 
+from ..data_check import add_coco_arguments, add_skip_argument, coco_categories
+from ..openmmlab import data_check as openmmlab_data_check
 from ..openmmlab import tools as openmmlab_tools
 from ..openmmlab.tools import apply_amp, check_compile, prepare_training  # noqa: F401  (the tools' imports)
 
+#: how the tools size the head from the data
+SIZED_FROM_DATA = "or train with --coco-train / --coco-val, which size the heads from the file's categories"
+
+
+def add_data_arguments(parser) -> None:
+    """The training tool's options for your own data and the one that skips the data check."""
+    add_coco_arguments(parser)
+    add_skip_argument(parser)
+
 
 def load_config(args) -> Config:
-    return openmmlab_tools.load_config(args, "mmdet")
+    return openmmlab_tools.load_config(
+        args, "mmdet", lambda cfg: use_coco_files(cfg, getattr(args, "coco_train", None),
+                                                  getattr(args, "coco_val", None)))
 
 
-def check_data(cfg: Config, loaders) -> None:
+def use_coco_files(cfg: Config, train, val=None) -> None:
+    """``cfg`` on your own COCO-format data, in place: ``train`` / ``val`` = (json_file,
+    image folder); every loader's dataset reads them with ``metainfo.classes`` = the file's
+    category names (in id order), the CocoMetrics read the validation file, and the heads'
+    ``num_classes`` is the number of categories."""
+    if not train:
+        if val:
+            raise SystemExit("--coco-val needs --coco-train (the training split sizes the heads)")
+        return
+    val = val or train
+    for ann_file, _ in (train, val):
+        if not os.path.isfile(ann_file):
+            raise SystemExit(f"annotation file {ann_file} does not exist: pass the COCO-format JSON of the split")
+    classes = tuple(c["name"] for c in coco_categories(train[0]))
+    for loader, (ann_file, images) in (("train_dataloader", train), ("val_dataloader", val),
+                                       ("test_dataloader", val)):
+        if cfg.get(loader):
+            openmmlab_data_check.innermost_dataset(cfg, loader).update(
+                data_root="", ann_file=os.path.abspath(ann_file),
+                data_prefix=dict(img=os.path.join(os.path.abspath(images), "")), metainfo=dict(classes=classes))
+    for name in ("val_evaluator", "test_evaluator"):
+        for _, metric in _evaluators(cfg.get(name), name):
+            if "ann_file" in metric:
+                metric["ann_file"] = os.path.abspath(val[0])
+    openmmlab_data_check.set_num_classes(cfg.model, len(classes))
+
+
+def check_data(cfg: Config, loaders, read_files: bool = False) -> None:
+    """The datasets' paths, LVIS files, class counts and, with ``read_files``, every image header
+    and annotation (``srvit_backbones.data_check``)."""
     openmmlab_tools.check_data(cfg, loaders, _missing_data_message)
     check_lvis_data(cfg, loaders)
+    from mmdet.registry import DATASETS
+
+    openmmlab_data_check.check_against_data(cfg, loaders, DATASETS, SIZED_FROM_DATA, read_files)
 
 
 def check_lvis_data(cfg: Config, loaders) -> None:

@@ -1,17 +1,103 @@
-"""Helpers of tools/train_seg.py and tools/test_seg.py: mmseg's own scripts' logic, and what a
-missing ADE20K looks like."""
+"""Helpers of tools/train_seg.py and tools/test_seg.py: mmseg's own scripts' logic, your own
+image and label-map folders (mmseg's ``BaseSegDataset``: ``img_suffix``, ``seg_map_suffix``,
+``reduce_zero_label``, ``metainfo``), and what a missing ADE20K looks like."""
+import collections
+import os
+
 from mmengine.config import Config
 
+from ..data_check import add_segmentation_arguments, add_skip_argument
+from ..openmmlab import data_check as openmmlab_data_check
 from ..openmmlab import tools as openmmlab_tools
 from ..openmmlab.tools import apply_amp, check_compile, prepare_training  # noqa: F401  (the tools' imports)
 
+#: how the tools size the heads from the data
+SIZED_FROM_DATA = "or train with --seg-train / --seg-val / --classes, which size the heads from the class file"
+
+
+def add_data_arguments(parser) -> None:
+    """The training tool's options for your own data and the one that skips the data check."""
+    add_segmentation_arguments(parser)
+    add_skip_argument(parser)
+
 
 def load_config(args) -> Config:
-    return openmmlab_tools.load_config(args, "mmseg")
+    return openmmlab_tools.load_config(args, "mmseg", lambda cfg: use_seg_folders(
+        cfg, getattr(args, "seg_train", None), getattr(args, "seg_val", None), getattr(args, "classes", None),
+        getattr(args, "reduce_zero_label", False)))
 
 
-def check_data(cfg: Config, loaders) -> None:
+def read_class_file(path: str):
+    """(class names, palette or None) of a class file: a line ``NAME [R G B]`` per class, blank
+    lines and ``#`` comments skipped; the palette when every line has a colour."""
+    names, palette = [], []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            fields = line.split("#", 1)[0].split()
+            if not fields:
+                continue
+            if len(fields) not in (1, 4) or (len(fields) == 4 and not all(v.isdigit() and int(v) < 256
+                                                                            for v in fields[1:])):
+                raise SystemExit(f"{path} line {number}: {line.strip()!r}: expected 'NAME' or 'NAME R G B' "
+                                 f"(colour values 0-255)")
+            names.append(fields[0])
+            if len(fields) == 4:
+                palette.append([int(v) for v in fields[1:]])
+    if not names:
+        raise SystemExit(f"{path} lists no class: write one 'NAME [R G B]' line per class")
+    return tuple(names), (palette if len(palette) == len(names) else None)
+
+
+def _suffix(folder: str) -> str:
+    """The most common file extension in ``folder`` (the dataset's ``img_suffix``)."""
+    counts = collections.Counter(os.path.splitext(name)[1] for _, _, files in os.walk(folder) for name in files)
+    if not counts:
+        raise SystemExit(f"{folder} holds no files: pass the folder of the split's images")
+    return counts.most_common(1)[0][0]
+
+
+def _set_reduce_zero_label(node, value: bool) -> None:
+    if isinstance(node, dict):
+        if node.get("type") == "LoadAnnotations":
+            node["reduce_zero_label"] = value
+        for child in node.values():
+            _set_reduce_zero_label(child, value)
+    elif isinstance(node, (list, tuple)):
+        for child in node:
+            _set_reduce_zero_label(child, value)
+
+
+def use_seg_folders(cfg: Config, train, val=None, class_file=None, reduce_zero_label=False) -> None:
+    """``cfg`` on your own folders, in place: ``train`` / ``val`` = (image folder, label folder),
+    read by mmseg's ``BaseSegDataset`` with the images' suffix, ``.png`` label maps,
+    ``reduce_zero_label`` (in the datasets and every ``LoadAnnotations``), ``metainfo`` from the
+    class file; the heads' ``num_classes`` is the number of classes."""
+    if not train:
+        if val or class_file:
+            raise SystemExit("--seg-val and --classes go with --seg-train (the folders to train on)")
+        return
+    if not class_file:
+        raise SystemExit("--seg-train needs --classes FILE: a line 'NAME [R G B]' per class")
+    classes, palette = read_class_file(class_file)
+    metainfo = dict(classes=classes, **({"palette": palette} if palette else {}))
+    val = val or train
+    for loader, (images, labels) in (("train_dataloader", train), ("val_dataloader", val), ("test_dataloader", val)):
+        if cfg.get(loader):
+            dataset = openmmlab_data_check.innermost_dataset(cfg, loader)
+            dataset.update(type="BaseSegDataset", data_root="", ann_file="", metainfo=metainfo,
+                           data_prefix=dict(img_path=os.path.abspath(images), seg_map_path=os.path.abspath(labels)),
+                           img_suffix=_suffix(images), seg_map_suffix=".png", reduce_zero_label=reduce_zero_label)
+    _set_reduce_zero_label(cfg._cfg_dict, reduce_zero_label)
+    openmmlab_data_check.set_num_classes(cfg.model, len(classes))
+
+
+def check_data(cfg: Config, loaders, read_files: bool = False) -> None:
+    """The datasets' paths, class counts and, with ``read_files``, every image header and label
+    map (``srvit_backbones.data_check``)."""
     openmmlab_tools.check_data(cfg, loaders, _missing_data_message)
+    from mmseg.registry import DATASETS
+
+    openmmlab_data_check.check_against_data(cfg, loaders, DATASETS, SIZED_FROM_DATA, read_files)
 
 
 def _missing_data_message(cfg, where, dataset, key, path) -> str:

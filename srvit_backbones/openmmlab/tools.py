@@ -4,7 +4,7 @@ check of the dataset's files before the Runner is built, and a training run's fa
 (the fault hooks, the collective timeout, ``--launcher pytorch`` on a machine without a GPU)."""
 import os
 import os.path as osp
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import torch
 import torch.distributed as dist
@@ -44,8 +44,9 @@ def check_compile(cfg: Config) -> None:
                          "(--cfg-options model.backbone.compile=True)")
 
 
-def load_config(args, framework: str) -> Config:
-    """The config with ``--launcher``, ``--cfg-options`` and ``--work-dir`` applied."""
+def load_config(args, framework: str, custom_data: Optional[Callable[[Config], None]] = None) -> Config:
+    """The config with ``--launcher``, ``--cfg-options`` and ``--work-dir`` applied;
+    ``custom_data`` (the tool's options for your own dataset) edits it before ``--cfg-options``."""
     if "LOCAL_RANK" not in os.environ:
         os.environ["LOCAL_RANK"] = str(args.local_rank)
     try:
@@ -54,6 +55,8 @@ def load_config(args, framework: str) -> Config:
         raise SystemExit(str(e)) from None
     cfg = Config.fromfile(path)
     cfg.launcher = args.launcher
+    if custom_data is not None:
+        custom_data(cfg)
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
     if args.work_dir is not None:
