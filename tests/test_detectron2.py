@@ -3,11 +3,13 @@ import glob
 import json
 import math
 import os
+import pickle
 import re
 import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from detectron2.config import LazyConfig, get_cfg, instantiate
@@ -610,8 +612,9 @@ def test_fine_tuning_loads_all_but_the_class_layers_and_refuses_foreign_files(co
                                                                               tmp_path):
     """In train_net's own trainer: every tensor of the 80-class detector but the class-dependent
     ones lands in the 3-class one (the backbone's position table resized to 96 pixels); a class
-    mismatch elsewhere, and a file without the SR-ViT backbone (a ResNet state dict, as .pth or
-    as a detectron2 checkpoint) are CheckpointErrors naming them, unless allow_partial."""
+    mismatch elsewhere, and a file without the SR-ViT backbone (a ResNet state dict, as .pth, as a
+    detectron2 checkpoint or as a model-zoo .pkl) are CheckpointErrors naming them, unless
+    allow_partial."""
     final = os.path.join(trained, "model_final.pth")
     saved = torch.load(final, map_location="cpu", weights_only=True)["model"]
     train_net = load_tool("train_net")
@@ -638,7 +641,10 @@ def test_fine_tuning_loads_all_but_the_class_layers_and_refuses_foreign_files(co
               "fc.weight": torch.zeros(1000, 512)}
     torch.save(resnet, tmp_path / "resnet.pth")
     torch.save({"model": {f"backbone.bottom_up.{k}": v for k, v in resnet.items()}}, tmp_path / "r_cnn.pth")
-    for name in ("resnet.pth", "r_cnn.pth"):
+    with open(tmp_path / "r50_model_zoo.pkl", "wb") as f:  # detectron2's model-zoo format: Caffe2 names, numpy arrays
+        pickle.dump({"model": {"conv1_w": np.zeros((64, 3, 7, 7), np.float32),
+                               "res2_0_branch2a_w": np.zeros((64, 64, 1, 1), np.float32)}, "__author__": "Detectron"}, f)
+    for name in ("resnet.pth", "r_cnn.pth", "r50_model_zoo.pkl"):
         with pytest.raises(CheckpointError, match=r"train.init_checkpoint does not hold 112 of the SR-ViT backbone's tensors(.|\n)*"
                                                   r"backbone.net.srvit.units.\{0,1,2,3,4\}.blocks.\* \(96\)"
                                                   r"(.|\n)*allow_partial=True"):
