@@ -78,7 +78,7 @@ def test_the_emulated_call_computes_sdpas_result():
             return [out, *torch.autograd.grad(out.float().square().sum(), tensors)]
 
         expected = run()
-        got, calls = [], []
+        got = []
         _, calls = count_cuda_launches(lambda: got.extend(run()))
         assert calls[0]["backend"] == ("efficient" if mask else "flash" if head_dim == 92 else "cudnn")
         for a, b in zip(got, expected):

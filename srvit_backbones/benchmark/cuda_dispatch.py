@@ -20,20 +20,20 @@ show (the device) is assumed true.
 import contextlib
 import dataclasses
 import math
-from typing import List, Optional
+from typing import List
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ..models.rel_pos import LOW_PRECISION
 from .launches import LaunchCounter
 
 BACKENDS = ("cudnn", "flash", "efficient", "math")
 #: each fused backend's forward and backward operation, as CUDA's composite calls them
 FUSED_OPS = {"cudnn": "_scaled_dot_product_cudnn_attention", "flash": "_scaled_dot_product_flash_attention",
              "efficient": "_scaled_dot_product_efficient_attention"}
-LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,11 +253,6 @@ def count_cuda_launches(fn, *args, rules: CudaSDPARules = H100, **kwargs):
     with emulation, counter:
         fn(*args, **kwargs)
     return counter, emulation.calls
-
-
-def fused_in_training(calls: List[dict]) -> Optional[dict]:
-    """The first training call that CUDA would run on the math backend, or None."""
-    return next((c for c in calls if c["training"] and c["backend"] == "math"), None)
 
 
 def backbone_step_operations(name: str, size: int, batch: int, dtype: torch.dtype = torch.float16,

@@ -34,6 +34,8 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_function
 from torch.utils.checkpoint import checkpoint
 
+from .constants import size_constants
+
 #: the (images, heads, queries, keys) bias block given to SDPA as its mask, in elements:
 #: 24 MiB of fp32 (4 grid rows of a global application at 1024, 6 heads), under glibc's largest
 #: mmap threshold (32 MiB); the whole bias would be 384 MiB per global application at 1024
@@ -105,22 +107,16 @@ def _offsets(size: int, device: torch.device) -> torch.Tensor:
     return coords[:, None] - coords[None, :] + (size - 1)
 
 
-@functools.lru_cache(maxsize=None)
-def _cached_offsets(size: int, device: torch.device) -> torch.Tensor:
-    """``_offsets`` made once per extent and device (made per call on the host, as timm's
-    ``get_rel_pos`` does, the index costs a host-to-device copy and a stream sync per
-    application); a normal tensor even when first made under ``inference_mode``, so that a
-    later training step can save it for its backward."""
-    with torch.inference_mode(False):
-        return _offsets(size, device)
+#: ``_offsets`` made once per extent and device (made per call on the host, as timm's
+#: ``get_rel_pos`` does, the index costs a host-to-device copy and a stream sync per application)
+_cached_offsets = size_constants(_offsets)
 
 
 def rel_pos_lookup(size: int, table: torch.Tensor) -> torch.Tensor:
     """(size, size, C) table rows of every (query, key) offset along one axis: timm's / ViTDet's
     ``get_rel_pos`` for equal query and key sizes, the table resized to 2 * size - 1 rows
     where it has another length. A compiled graph makes its index itself."""
-    offsets = _offsets if torch.compiler.is_compiling() else _cached_offsets
-    return resize_rel_pos(table, 2 * size - 1)[offsets(size, table.device)]
+    return resize_rel_pos(table, 2 * size - 1)[_cached_offsets(size, table.device)]
 
 
 QueryBlock = Tuple[slice, slice]
@@ -412,12 +408,8 @@ def _folded_constants(head_dim: int, size: Tuple[int, int], qk_dim: int, dtype: 
     return index, onehots, scaled_identity, torch.zeros(head_dim, 1, dtype=table_dtype, device=device)
 
 
-@functools.lru_cache(maxsize=None)
-def _cached_folded_constants(head_dim: int, size: Tuple[int, int], qk_dim: int, dtype: torch.dtype,
-                             table_dtype: torch.dtype, device: torch.device):
-    """``_folded_constants`` made once per geometry, dtypes and device (as ``_cached_offsets``)."""
-    with torch.inference_mode(False):
-        return _folded_constants(head_dim, size, qk_dim, dtype, table_dtype, device)
+#: ``_folded_constants`` made once per geometry, dtypes and device
+_cached_folded_constants = size_constants(_folded_constants)
 
 
 def _folded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos_h: torch.Tensor,
@@ -429,9 +421,9 @@ def _folded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos
     through the gather and the matmul."""
     B, heads, N, C = q.shape
     qk_dim, v_dim = folded_head_dims(C, size)
-    constants = _folded_constants if torch.compiler.is_compiling() else _cached_folded_constants
     tables = [resize_rel_pos(t, 2 * n - 1) for t, n in zip((rel_pos_h, rel_pos_w), size)]
-    index, onehots, scaled_identity, zero = constants(C, tuple(size), qk_dim, k.dtype, tables[0].dtype, q.device)
+    index, onehots, scaled_identity, zero = _cached_folded_constants(C, tuple(size), qk_dim, k.dtype, tables[0].dtype,
+                                                                     q.device)
     projection = torch.cat([scaled_identity, tables[0].T, tables[1].T, zero], dim=1).to(q.dtype)
     q_folded = torch.matmul(q, projection).gather(-1, index.expand(B, heads, N, qk_dim))
     k_folded = torch.cat([k, onehots.expand(B, heads, N, qk_dim - C)], dim=-1)

@@ -4,12 +4,12 @@ partitioned after the qkv projection so that the padding is not projected. A sha
 at several depths, so whether an attention is windowed is a property of the *application*
 (``schedule.Application.window_size``), not of the block; ``attention.grid_attention`` uses these.
 """
-import functools
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from timm.layers import register_notrace_function
+
+from .constants import size_constants
 
 
 def _window_order(grid: Tuple[int, int], window_size: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -34,24 +34,14 @@ def _batch_window_order(grid: Tuple[int, int], window_size: int, batch: int, dev
     last (batch * h * w): the rows each window position of each image reads, and the positions
     each image's tokens land at."""
     token_of_position, position_of_token = _window_order(grid, window_size, device)
-    tokens, positions = grid[0] * grid[1], token_of_position.numel()
+    tokens = grid[0] * grid[1]
     images = torch.arange(batch, device=device)[:, None]
     reads = torch.where(token_of_position < tokens, token_of_position + images * tokens, batch * tokens)
     return reads.reshape(-1), position_of_token
 
 
-@functools.lru_cache(maxsize=None)
-def _cached_batch_window_order(grid: Tuple[int, int], window_size: int, batch: int, device: torch.device):
-    """``_batch_window_order`` made once per geometry, batch and device (a normal tensor even when
-    first made under ``inference_mode``, so that a later training step can save it for its backward)."""
-    with torch.inference_mode(False):
-        return _batch_window_order(grid, window_size, batch, device)
-
-
-def window_order(grid: Tuple[int, int], window_size: int, batch: int, device: torch.device):
-    """``_batch_window_order``, cached; made in the graph when compiling."""
-    order = _batch_window_order if torch.compiler.is_compiling() else _cached_batch_window_order
-    return order(tuple(grid), window_size, batch, device)
+#: ``_batch_window_order`` made once per geometry, batch and device
+window_order = size_constants(_batch_window_order)
 
 
 @register_notrace_function
@@ -72,7 +62,7 @@ def window_qkv(qkv: torch.Tensor, bias: Optional[torch.Tensor], grid: Tuple[int,
     B, N, width = qkv.shape
     h, w = grid
     windows = -(-h // window_size) * -(-w // window_size)
-    reads, _ = window_order(grid, window_size, B, qkv.device)
+    reads, _ = window_order(tuple(grid), window_size, B, qkv.device)
     rows = qkv.reshape(B * N, width)
     if windows * window_size ** 2 != N:
         padding = qkv.new_zeros(1, width) if bias is None else bias.to(qkv.dtype).view(1, width)
@@ -92,6 +82,6 @@ def merge_windows(windows: torch.Tensor, grid: Tuple[int, int], window_size: int
     _, heads, tokens, C = windows.shape
     h, w = grid
     per_image = -(-h // window_size) * -(-w // window_size) * tokens
-    _, position_of_token = window_order(grid, window_size, 1, windows.device)
+    _, position_of_token = window_order(tuple(grid), window_size, 1, windows.device)
     flat = windows.transpose(1, 2).reshape(-1, per_image, heads * C)
     return flat.index_select(1, position_of_token)
