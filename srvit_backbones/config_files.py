@@ -1,14 +1,23 @@
-"""Where the shipped Detectron2 / MMSegmentation / MMDetection configs are.
+"""Where the shipped configs of each framework are.
 
 In a source checkout (or an editable install) they are the repository's
 ``detectron2_configs/``, ``mmseg_configs/`` and ``mmdet_configs/``; a regular install copies them into
-``srvit_backbones/_configs/`` (see setup.py).
+``srvit_backbones/_configs/`` (see setup.py). The folders are the framework table's
+(``srvit_backbones.frameworks.register_framework``), which fills ``_FOLDERS``.
 """
 import os
-from typing import List, Optional
+from typing import Dict, List, Optional
 
-_FOLDERS = {"detectron2": "detectron2_configs", "mmseg": "mmseg_configs", "mmdet": "mmdet_configs"}
+_FOLDERS: Dict[str, str] = {}
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def register_config_folder(framework: str, folder: Optional[str]) -> None:
+    """Where ``framework``'s shipped configs are (None: it ships none); the framework table's."""
+    if folder is None:
+        _FOLDERS.pop(framework, None)
+    else:
+        _FOLDERS[framework] = folder
 
 
 def config_dir(framework: str) -> str:
@@ -63,24 +72,3 @@ def resolve_config(framework: str, path: str) -> str:
                                 f"config {path!r} not found: neither a file nor a shipped {framework} config "
                                 f"(shipped: {', '.join(list_configs(framework))})")
     return shipped
-
-
-def framework_of(path: str) -> Optional[str]:
-    """The framework a config is for: the shipped folder it sits in, else what its text uses
-    (a LazyConfig's ``dataloader.train`` or ``model_zoo``; an mmengine config naming mmdet or
-    mmseg); None when that does not tell (a bare name shipped for several frameworks)."""
-    if not os.path.isfile(path):
-        found = [fw for fw in _FOLDERS if config_path(fw, path)]
-        return found[0] if len(found) == 1 else None
-    parts = os.path.abspath(path).split(os.sep)
-    for framework, folder in _FOLDERS.items():
-        if folder in parts:
-            return framework
-    with open(path) as f:
-        text = f.read()
-    if "detectron2" in text and "_base_" not in text:
-        return "detectron2"
-    for framework in ("mmseg", "mmdet"):
-        if framework in text or f"{framework}_configs" in text:
-            return framework
-    return None

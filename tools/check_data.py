@@ -14,18 +14,17 @@ grayscale / RGBA / 16-bit images) do not fail. The training tools run the same c
 The options for your own data are the training tools' (tools/train_net.py, train_det.py, train_seg.py).
 """
 import argparse
-import importlib
 
 from mmengine.config import DictAction
 
-from srvit_backbones.config_files import framework_of
 from srvit_backbones.data_check import add_coco_arguments, add_segmentation_arguments
+from srvit_backbones.frameworks import adapter, framework, framework_of, frameworks, resolve
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="config file (or the name of a shipped config)")
-    parser.add_argument("--framework", choices=["detectron2", "mmdet", "mmseg"],
+    parser.add_argument("--framework", choices=frameworks(),
                         help="the config's framework, when its folder or text does not tell")
     add_coco_arguments(parser)
     add_segmentation_arguments(parser)
@@ -35,23 +34,23 @@ def parse_args(argv=None):
     args.framework = args.framework or framework_of(args.config)
     if args.framework is None:
         parser.error(f"cannot tell which framework {args.config} is for: pass --framework")
-    if args.framework == "mmseg" and (args.coco_train or args.coco_val):
-        parser.error("--coco-train / --coco-val are for detection configs; mmseg takes --seg-train / --seg-val")
-    if args.framework != "mmseg" and (args.seg_train or args.seg_val or args.classes):
-        parser.error("--seg-train / --seg-val / --classes are for mmseg configs; detection takes --coco-train")
+    task = framework(args.framework).task
+    if task != "detection" and (args.coco_train or args.coco_val):
+        parser.error(f"--coco-train / --coco-val are for detection configs; {args.framework} takes --seg-train / "
+                     f"--seg-val")
+    if task != "segmentation" and (args.seg_train or args.seg_val or args.classes):
+        parser.error(f"--seg-train / --seg-val / --classes are for segmentation configs; {args.framework} takes "
+                     f"--coco-train")
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.framework == "detectron2":
-        from srvit_backbones.detectron2.custom_data import check_config_data
-        check_config_data(args.config, args.opts, args.coco_train, args.coco_val)
-    else:
-        tools = importlib.import_module(f"srvit_backbones.{args.framework}.tools")
-        args.launcher, args.work_dir, args.local_rank = "none", None, 0
-        tools.check_data(tools.load_config(args), ("train_dataloader", "val_dataloader", "test_dataloader"),
-                         read_files=True)
+    try:
+        _, path = resolve(args.config, args.framework)
+    except FileNotFoundError as e:
+        raise SystemExit(str(e)) from None
+    adapter(args.framework).check_data(path, args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,21 @@
+"""mmseg's row of the framework table (``srvit_backbones.frameworks``)."""
+from ..openmmlab.adapter import OpenMMLabAdapter
+from . import tools
+
+
+class MMSegAdapter(OpenMMLabAdapter):
+    """mmseg configs, ``MMSegInferencer`` (drawn by ``SegLocalVisualizer``), UPerNet counted in
+    the paper's convention (the pruned backbone units added back)."""
+
+    tools = tools
+    checkpoint_hint = "give the iter_N.pth that tools/train_seg.py wrote with this config and the same options"
+
+    def build_demo(self, cfg, checkpoint, device="cpu", amp=False, score_threshold=0.5, opacity=0.5):
+        from .demo import MMSegDemo
+
+        return MMSegDemo(cfg, checkpoint, device, amp, opacity)
+
+    def count_flops(self, path, counted, plain=False):
+        from .flops import count_segmentor
+
+        return count_segmentor(path, counted, plain)
