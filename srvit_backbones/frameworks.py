@@ -10,6 +10,7 @@ with a ``FrameworkAdapter`` subclass: nothing under tools/ or models/ changes.
 
 This module imports no framework and nothing of the package but ``config_files``.
 """
+import ast
 import importlib
 import os
 import re
@@ -194,33 +195,60 @@ def _shipped_names(name: str) -> List[str]:
     return list_configs(name) + [n for folder in config_folders(name) for n in list_configs(name, folder)]
 
 
-def _imports_detectron2(path: str, text: str) -> bool:
-    """A LazyConfig (.py importing detectron2 or our detectron2 adapter) or the config.yaml
-    tools/train_net.py saves."""
-    return path.endswith((".yaml", ".yml")) or ("detectron2" in text and "_base_" not in text) or bool(
-        re.search(r"^\s*(from|import)\s+(detectron2|srvit_backbones\.detectron2)", text, re.M))
+def _imports_detectron2(path: str, text: str, depth: int = 0) -> bool:
+    """A LazyConfig (.py importing detectron2 or our detectron2 adapter, itself or through the
+    configs it imports relatively) or the config.yaml tools/train_net.py saves."""
+    if path.endswith((".yaml", ".yml")) or ("detectron2" in text and "_base_" not in text) or re.search(
+            r"^\s*(from|import)\s+(detectron2|srvit_backbones\.detectron2)", text, re.M):
+        return True
+    for dots, module in re.findall(r"^from\s+(\.+)([\w.]*)\s+import", text, re.M) if depth < 8 else ():
+        folder = os.path.dirname(path)
+        for _ in range(len(dots) - 1):
+            folder = os.path.dirname(folder)
+        imported = os.path.join(folder, *module.split(".")) + ".py"
+        if os.path.isfile(imported):
+            with open(imported, encoding="utf-8", errors="replace") as f:
+                if _imports_detectron2(imported, f.read(), depth + 1):
+                    return True
+    return False
 
 
 def _mmengine_scope(scope: str) -> Callable[[str, str], bool]:
-    """An mmengine config of ``default_scope = scope``, written in it or inherited (read with
-    mmengine's Config when the text does not say)."""
+    """An mmengine config of ``default_scope = scope``, written in it or in the ``_base_`` files
+    it inherits from, else one that names ``scope`` (``mmseg.``, ``mmseg_configs``...)."""
 
     def recognizes(path: str, text: str) -> bool:
         if not path.endswith(".py") or _imports_detectron2(path, text):
             return False
-        said = re.search(r"^default_scope\s*=\s*['\"](\w+)['\"]", text, re.M)
-        if said:
-            return said.group(1) == scope
-        if re.search(rf"\b{scope}\b|{scope}_configs", text):
-            return True
-        try:
-            from mmengine.config import Config
-
-            return Config.fromfile(path).get("default_scope") == scope
-        except Exception:  # not an mmengine config, or mmengine is not installed
-            return False
+        said = _default_scope(path, text)
+        return said == scope if said else bool(re.search(rf"\b{scope}\b|{scope}_configs", text))
 
     return recognizes
+
+
+def _default_scope(path: str, text: str, depth: int = 0) -> Optional[str]:
+    """The ``default_scope`` an mmengine config sets or inherits through ``_base_`` (read as
+    text, so that telling a config's framework imports none); a ``_base_`` in a package's
+    configs (``'mmdet::_base_/default_runtime.py'``) stands for that package's scope."""
+    said = re.search(r"^default_scope\s*=\s*['\"](\w+)['\"]", text, re.M)
+    if said or depth > 8:
+        return said.group(1) if said else None
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_base_" for t in node.targets):
+            try:
+                bases = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            for base in [bases] if isinstance(bases, str) else bases:
+                if "::" in base:  # a file of an installed package's configs: 'mmdet::_base_/...'
+                    return base.split("::")[0]
+                base = os.path.join(os.path.dirname(path), base)
+                if os.path.isfile(base):
+                    with open(base, encoding="utf-8", errors="replace") as f:
+                        found = _default_scope(base, f.read(), depth + 1)
+                    if found:
+                        return found
+    return None
 
 
 register_framework("detectron2", "detection", "srvit_backbones.detectron2.adapter:Detectron2Adapter",

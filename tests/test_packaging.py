@@ -81,3 +81,45 @@ def test_imports_point_one_way():
         third_party = sorted(m for m in absolute if m.split(".")[0] not in stdlib | {"torch", "timm", "safetensors"})
         assert third_party == [], f"{name} imports {third_party}"
         assert all(level == 1 and module.split(".")[0] in ("models",) for level, module in relative), (name, relative)
+    for name in ("frameworks.py", "config_files.py"):  # the framework table: read before any framework
+        absolute, relative = _imports(os.path.join(ROOT, "srvit_backbones", name))
+        assert sorted(m for m in absolute if m.split(".")[0] not in stdlib) == [], name
+        assert relative <= {(1, "config_files")}, (name, relative)
+
+
+def _tools():
+    folder = os.path.join(ROOT, "tools")
+    return {name: os.path.join(folder, name) for name in sorted(os.listdir(folder))
+            if os.path.isfile(os.path.join(folder, name))}
+
+
+def test_tools_are_entry_points():
+    """A tool parses arguments, calls the package and prints: none is over 150 lines (setup.sh
+    aside), all of tools/ together at most 1,300."""
+    lengths = {name: sum(1 for _ in open(path)) for name, path in _tools().items()}
+    assert {name: n for name, n in lengths.items() if n > 150 and name != "setup.sh"} == {}
+    assert sum(lengths.values()) <= 1300, lengths
+
+
+def test_tools_find_frameworks_through_the_table():
+    """No tool chooses a framework by its name (``if framework == "mmdet"``, a dict keyed by the
+    frameworks' names): the tools that serve every framework go through
+    ``srvit_backbones.frameworks``, so a framework registered there is served without editing tools/."""
+    import ast
+
+    import srvit_backbones
+
+    names = set(srvit_backbones.frameworks())
+    for tool, path in _tools().items():
+        if not tool.endswith(".py"):
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+                constants = {o.value for o in operands if isinstance(o, ast.Constant)}
+                constants |= {e.value for o in operands if isinstance(o, (ast.Tuple, ast.List, ast.Set))
+                              for e in o.elts if isinstance(e, ast.Constant)}
+                assert not constants & names, f"tools/{tool}:{node.lineno} compares with a framework's name"
+            if isinstance(node, ast.Dict):
+                keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+                assert len(keys & names) < 2, f"tools/{tool}:{node.lineno} dispatches on the frameworks' names"
