@@ -6,14 +6,18 @@ methods (``FrameworkAdapter``). A framework is one row of ``register_framework``
 task it serves, where its shipped configs are, how to recognise one of its config files, and
 the adapter class (imported only when asked for, so importing ``srvit_backbones`` imports no
 framework). A new framework, or a second family of one, is one call to ``register_framework``
-with a ``FrameworkAdapter`` subclass: nothing under tools/ or models/ changes.
+with a ``FrameworkAdapter`` subclass, made by the process or by an installed package's
+``srvit_backbones.frameworks`` entry point: nothing under tools/ or models/ changes
+(docs/frameworks.md).
 
 This module imports no framework and nothing of the package but ``config_files``.
 """
 import ast
 import importlib
+import importlib.metadata
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -73,8 +77,27 @@ class Framework:
     recognizes: Callable[[str, str], bool] = lambda path, text: False
 
 
+#: the entry-point group through which an installed package adds its framework: each entry is a
+#: function of no arguments that calls ``register_framework`` (setup.py:
+#: ``entry_points={"srvit_backbones.frameworks": ["mine=my_package.srvit:register"]}``), called
+#: once, when the table is first read
+FRAMEWORKS_GROUP = "srvit_backbones.frameworks"
 _TABLE: Dict[str, Framework] = {}
 _ADAPTERS: Dict[str, FrameworkAdapter] = {}
+_PLUGINS_LOADED = []
+
+
+def _table() -> Dict[str, Framework]:
+    """The table, with the frameworks of installed packages' entry points registered."""
+    if not _PLUGINS_LOADED:
+        _PLUGINS_LOADED.append(True)
+        for point in importlib.metadata.entry_points(group=FRAMEWORKS_GROUP):
+            try:
+                point.load()()
+            except Exception as e:  # a broken plugin does not hide the other frameworks, and says so
+                warnings.warn(f"the framework entry point {point.name} = {point.value} ({FRAMEWORKS_GROUP}) "
+                              f"failed: {type(e).__name__}: {e}; its framework is not in the table")
+    return _TABLE
 
 
 def register_framework(name: str, task: str, adapter: Union[str, type], config_folder: Optional[str] = None,
@@ -101,11 +124,11 @@ def unregister_framework(name: str) -> None:
 def frameworks(task: Optional[str] = None) -> List[str]:
     """The table's framework names in the order they were registered, those of ``task`` only
     when given."""
-    return [name for name, row in _TABLE.items() if task is None or row.task == task]
+    return [name for name, row in _table().items() if task is None or row.task == task]
 
 
 def framework(name: str) -> Framework:
-    if name not in _TABLE:
+    if name not in _table():
         raise ValueError(f"unknown framework {name!r}: choose {', '.join(_TABLE)}")
     return _TABLE[name]
 
@@ -131,7 +154,7 @@ def adapter(name: str) -> FrameworkAdapter:
 def shipped_in(path: str) -> Optional[str]:
     """The framework whose shipped config folder holds ``path``, or None."""
     path = os.path.abspath(path)
-    for row in _TABLE.values():
+    for row in _table().values():
         if row.config_folder:
             root = config_dir(row.name)
             if os.path.commonpath([path, root]) == root:
@@ -144,7 +167,7 @@ def framework_of(path: str) -> Optional[str]:
     recognises it (its suffix or text); None when that does not tell. A bare name is looked up
     among the shipped configs."""
     if not os.path.isfile(path):
-        found = [row.name for row in _TABLE.values()
+        found = [row.name for row in _table().values()
                  if row.config_folder and os.path.isfile(os.path.join(config_dir(row.name), path))]
         return found[0] if len(found) == 1 else None
     shipped = shipped_in(path)
@@ -152,7 +175,7 @@ def framework_of(path: str) -> Optional[str]:
         return shipped
     with open(path, encoding="utf-8", errors="replace") as f:
         text = f.read()
-    found = [row.name for row in _TABLE.values() if row.recognizes(path, text)]
+    found = [row.name for row in _table().values() if row.recognizes(path, text)]
     return found[0] if len(found) == 1 else None
 
 

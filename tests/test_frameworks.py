@@ -3,6 +3,8 @@ and a framework registered in the table is served by the tools without editing t
 import glob
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -100,23 +102,37 @@ class TimmClassification(FrameworkAdapter):
         return dict(row, model=os.path.basename(path))
 
 
+def is_classifier_json(path, text):
+    return path.endswith(".json") and '"timm_classifier"' in text
+
+
+def register():
+    """What a package of the fourth framework declares as its ``srvit_backbones.frameworks``
+    entry point."""
+    register_framework("timm_classification", "classification", TimmClassification, recognizes=is_classifier_json)
+
+
 @pytest.fixture
-def timm_classification(tmp_path):
-    """The fourth framework registered in the table (and removed after the test), a config of
-    its type, a checkpoint of its model and two images."""
-    register_framework("timm_classification", "classification", TimmClassification,
-                       recognizes=lambda path, text: path.endswith(".json") and '"timm_classifier"' in text)
+def classifier_files(tmp_path):
+    """A config of the fourth framework's type, a checkpoint of its model and two images."""
+    config = tmp_path / "srvit_t_t2_shapes.json"
+    config.write_text(json.dumps({"timm_classifier": dict(model="srvit_t_t2", img_size=32,
+                                                          classes=["circle", "square", "triangle"])}))
+    torch.manual_seed(0)
+    model = srvit_backbones.create_srvit("srvit_t_t2", num_classes=3, img_size=32)
+    torch.save({"model": model.state_dict()}, tmp_path / "classifier.pth")
+    for i in range(2):
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (40, 48, 3), np.uint8)).save(
+            tmp_path / f"image{i}.png")
+    return config, model
+
+
+@pytest.fixture
+def timm_classification(classifier_files):
+    """The fourth framework registered in the table for the test, and removed after it."""
+    register()
     try:
-        config = tmp_path / "srvit_t_t2_shapes.json"
-        cfg = dict(model="srvit_t_t2", img_size=32, classes=["circle", "square", "triangle"])
-        config.write_text(json.dumps({"timm_classifier": cfg}))
-        torch.manual_seed(0)
-        model = srvit_backbones.create_srvit(cfg["model"], num_classes=3, img_size=32)
-        torch.save({"model": model.state_dict()}, tmp_path / "classifier.pth")
-        for i in range(2):
-            Image.fromarray(np.random.default_rng(i).integers(0, 255, (40, 48, 3), np.uint8)).save(
-                tmp_path / f"image{i}.png")
-        yield config, model
+        yield classifier_files
     finally:
         unregister_framework("timm_classification")
     assert "timm_classification" not in frameworks()
@@ -160,3 +176,21 @@ def test_a_checkpoint_of_another_model_is_refused_with_the_adapters_fix(timm_cla
     with pytest.raises(SystemExit, match=r"(?s)does not fit srvit_t_t2.*head.weight.*Fix: give the state dict"):
         load_tool("demo").main([str(config), "--checkpoint", str(tmp_path / "other.pth"), "--input",
                                 str(tmp_path / "image0.png"), "--output", str(tmp_path / "demo")])
+
+
+def test_an_installed_package_adds_its_framework_through_an_entry_point(classifier_files, tmp_path):
+    """A package that declares a ``srvit_backbones.frameworks`` entry point is in the table of
+    every tool's process, as pip installs it (a dist-info folder on the path)."""
+    config, _ = classifier_files
+    (tmp_path / "srvit_plugin.py").write_text("from test_frameworks import register\n")
+    dist_info = tmp_path / "srvit_plugin-0.1.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: srvit-plugin\nVersion: 0.1\n")
+    (dist_info / "entry_points.txt").write_text("[srvit_backbones.frameworks]\n"
+                                                "timm_classification = srvit_plugin:register\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.path.join(ROOT, "tests"), ROOT]))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "count_flops.py"), "--task", "classification",
+                          "--framework", "timm_classification", "--configs", str(config), "--json"],
+                         env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [dict(measure_variant("srvit_t_t2", (32, 32), 3), model=config.name)]
