@@ -16,6 +16,7 @@ from srvit_backbones.amp import cpu_has_native_bf16
 from srvit_backbones.demo import say_on_image
 from srvit_backbones.detectron2 import add_srvit_config
 from srvit_backbones.frameworks import adapter
+from srvit_backbones.images import find_images
 from helpers import D2_QUICKSTART, ROOT, SEG_QUICKSTART, TEST_SIZE, load_tool, run, trained_detectron2, trained_mmseg
 
 LOW = 0.001  # a few-iteration detector scores low: draw (almost) everything it returns
@@ -283,6 +284,22 @@ def bad_inputs(d2_run, seg_run, tmp_path):
 CASES = ["missing checkpoint", "not a checkpoint", "no images", "missing input", "detector of another size",
          "pretraining checkpoint for a detector", "detector checkpoint for a segmentor", "segmentor of another width",
          "unknown config", "yacs config", "config of neither framework"]
+
+
+def test_inputs_are_found_as_each_tool_documents(tmp_path, monkeypatch):
+    """srvit_backbones.images.find_images: the demo searches folders recursively, visualize_mixture
+    and merge_fidelity (recursive=False) take a folder's own images; a file named is taken as it
+    is, a glob keeps the images it matches (any depth with **); sorted absolute paths, each once."""
+    for name in ("b.jpg", "a.PNG", "notes.txt", "sub/c.jpeg", "sub/deeper/d.webp", "sub/e.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    top = [str(tmp_path / n) for n in ("a.PNG", "b.jpg")]
+    every = top + [str(tmp_path / n) for n in ("sub/c.jpeg", "sub/deeper/d.webp")]
+    assert find_images(["."]) == every
+    assert find_images(["."], recursive=False) == top
+    assert find_images(["**/*", "b.jpg", "notes.txt"]) == sorted(every + [str(tmp_path / "notes.txt")])
+    assert find_images(["sub/*"], recursive=False) == [str(tmp_path / "sub" / "c.jpeg")]
 
 
 @pytest.mark.parametrize("case", CASES)
