@@ -658,22 +658,24 @@ def test_det_inferencer_and_inference_detector(coco_root, trained):
 
 
 def test_demo_and_plot_curves_read_mmdet(coco_root, trained, tmp_path, monkeypatch, capsys):
+    from srvit_backbones.demo import relative_names, run_demo
+    from srvit_backbones.frameworks import adapter
+    from srvit_backbones.images import find_images
+
     work, _ = trained
     monkeypatch.chdir(coco_root)  # the config's data_root (datasets/coco/) names the annotation file
-    demo = load_tool("demo")
-    images = str(coco_root / "datasets" / "coco" / "val2017")
+    framework = adapter("mmdet")  # the demo as tools/demo.py builds and runs it
+    images = find_images([str(coco_root / "datasets" / "coco" / "val2017")])
     opts = [o for o in SMALL if o.startswith(("model.", "test_dataloader."))]
-    drawn, raw = demo.run(demo.parse_args([QUICKSTART, "--checkpoint", os.path.join(work, f"iter_{ITERS}.pth"),
-                                           "--input", images, "--output", str(tmp_path / "demo"), "--save-raw",
-                                           "--score-threshold", "0.05", "--opts", *opts]))
+    demo_model = framework.build_demo(framework.load_config(QUICKSTART, opts), os.path.join(work, f"iter_{ITERS}.pth"),
+                                      score_threshold=0.05)
+    drawn, raw, _ = run_demo(demo_model, images, relative_names(images), str(tmp_path / "demo"), save_raw=True)
     assert len(drawn) == 4 and all(os.path.getsize(p) > 0 for p in drawn)
     results = json.load(open(raw[0]))
     annotations = json.load(open(coco_root / "datasets" / "coco" / "annotations" / "instances_val2017.json"))
     dataset_ids = {c["name"]: c["id"] for c in annotations["categories"]}
     assert results and {r["category_id"] for r in results} <= set(dataset_ids.values())
     assert all(r["score"] > 0.05 and len(r["bbox"]) == 4 and "counts" in r["segmentation"] for r in results)
-    demo_model = demo.build_demo(demo.parse_args([QUICKSTART, "--checkpoint", os.path.join(work, f"iter_{ITERS}.pth"),
-                                                  "--input", images, "--output", str(tmp_path), "--opts", *opts]))
     classes = demo_model.inferencer.model.dataset_meta["classes"]  # labels map to the annotation file's ids by name
     assert [demo_model.category_ids[classes.index(n)] for n in ("sports ball", "tv", "kite")] == [37, 72, 38]
 
