@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 
-from srvit_backbones import frameworks
 from srvit_backbones.benchmark import devices, gpu_check, model_flops_utilisation, peak_tflops
 from srvit_backbones.models import rel_pos
 from helpers import load_tool
@@ -73,13 +72,15 @@ def test_the_detectors_run_through_detectron2s_trainer_beside_vitdet_b(every_che
 def test_without_mmseg_the_segmentor_check_is_skipped_with_the_reason_and_the_run_passes(tmp_path, monkeypatch):
     """A GPU machine without mmcv's ops or mmseg: (b) says why it did not run, and the exit code
     is 0 (``import mmseg`` made to fail as it fails there)."""
+    import importlib
     import sys
 
     for name in [n for n in sys.modules if n.split(".")[0] == "mmseg"] or ["mmseg"]:
         monkeypatch.setitem(sys.modules, name, None)
     for name in ("srvit_backbones.mmseg", "srvit_backbones.mmseg.adapter", "srvit_backbones.mmseg.benchmark"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    monkeypatch.delitem(frameworks._ADAPTERS, "mmseg", raising=False)  # as a fresh process builds it
+    table = importlib.import_module("srvit_backbones.frameworks")  # the package exports its frameworks()
+    monkeypatch.delitem(table._ADAPTERS, "mmseg", raising=False)  # built anew, as a fresh process builds it
     output = tmp_path / "check.json"
     assert load_tool("gpu_check").main(["--device", "cpu", "--checks", "b", "--output", str(output)]) == 0
     check = json.loads(output.read_text())["checks"]["b"]
