@@ -52,8 +52,9 @@ LOG_FORMATS: Dict[str, LogFormat] = dict(
     detectron2=LogFormat("metrics.json", "iteration",
                          ("bbox/AP", "segm/AP", "keypoints/AP", "sem_seg/mIoU", "panoptic_seg/PQ")),
     # mmengine's: a detector's logs name its COCO metrics
-    mmdet=LogFormat("*/vis_data/scalars.json", "step", ("coco/bbox_mAP", "coco/segm_mAP", "lvis/bbox_AP", "lvis/segm_AP"),
-                    to_percent=100, marked_by=("coco/", "loss_rpn"), evaluation_by_epoch=True),
+    mmdet=LogFormat("*/vis_data/scalars.json", "step",
+                    ("coco/bbox_mAP", "coco/segm_mAP", "lvis/bbox_AP", "lvis/segm_AP"), to_percent=100,
+                    marked_by=("coco/", "loss_rpn"), evaluation_by_epoch=True),
     mmseg=LogFormat("*/vis_data/scalars.json", "step", ("mIoU", "mAcc", "aAcc"), evaluation_by_epoch=True),
 )
 
