@@ -33,7 +33,7 @@ from mmengine.structures import InstanceData
 
 import srvit_backbones
 import srvit_backbones.mmdet  # noqa: F401  (registers SRViT, SimpleFeaturePyramid, ...)
-from srvit_backbones import CheckpointError, create_srvit
+from srvit_backbones import CheckpointError, create_srvit, curves
 from srvit_backbones.detectron2 import SRViTBackbone as D2Backbone, SRViTCheckpointer, srvit_optimizer_params
 from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.rel_pos import is_rel_pos
@@ -679,9 +679,8 @@ def test_demo_and_plot_curves_read_mmdet(coco_root, trained, tmp_path, monkeypat
     classes = demo_model.inferencer.model.dataset_meta["classes"]  # labels map to the annotation file's ids by name
     assert [demo_model.category_ids[classes.index(n)] for n in ("sports ball", "tv", "kite")] == [37, 72, 38]
 
-    plot = load_tool("plot_curves")
-    framework, records = plot.read_records(plot.find_files(work))
-    panels = plot.series(framework, records)
+    framework, records = curves.read_records(curves.find_files(work))
+    panels = curves.series(framework, records)
     assert framework == "mmdet" and set(panels["metric"]) == {"coco/bbox_mAP", "coco/segm_mAP"}
     assert "loss_rpn_cls" in panels["loss"] and len(panels["lr"]["lr"]) >= ITERS // 5
     # drawn as detectron2's and mmseg's: the evaluation at its iteration, AP in percent ...
@@ -699,10 +698,10 @@ def test_demo_and_plot_curves_read_mmdet(coco_root, trained, tmp_path, monkeypat
     # a run logged by epoch (mmdet's default LoggerHook): its evaluation at step 0, drawn at the
     # iteration it followed
     by_epoch = [dict(r, step=0) if r is evaluation else r for r in records]
-    assert plot.series(framework, by_epoch)["metric"] == panels["metric"]
+    assert curves.series(framework, by_epoch)["metric"] == panels["metric"]
     assert f"drawn at iteration {ITERS}" in capsys.readouterr().out
     out = str(tmp_path / "curves.png")
-    plot.main([work, "--output", out])
+    load_tool("plot_curves").main([work, "--output", out])
     assert os.path.getsize(out) > 0
 
 
