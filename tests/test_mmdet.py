@@ -988,7 +988,8 @@ def test_an_lvis_metric_among_several_evaluators_is_checked(coco_root, lvis_root
     """test_det.py --out on an LVIS config (mmdet's DumpDetResults joins the LVISMetric) checks the
     metric's file as without --out, and a config whose test_evaluator is a list of metrics has its
     LVISMetric's file checked, named by its place in the list."""
-    from srvit_backbones.mmdet.tools import check_data
+    from srvit_backbones.mmdet.tools import check_data, load_config
+    from srvit_backbones.openmmlab.entry import parse_test_args
 
     coco_json = str(coco_root / "datasets" / "coco" / "annotations" / "instances_val2017.json")
     data = [f"test_dataloader.dataset.data_root={lvis_root / 'coco'}/",
@@ -1000,7 +1001,7 @@ def test_an_lvis_metric_among_several_evaluators_is_checked(coco_root, lvis_root
                                          r".* lack the 'frequency' field"):
         test_det.main(argv + [f"test_evaluator.ann_file={coco_json}"])
 
-    cfg = test_det.load_config(test_det.parse_args(argv))
+    cfg = load_config(parse_test_args("mmdet", argv))
     for ann_file, error in ((lvis_json(lvis_root, "val"), None), (coco_json, r"^test_evaluator.1.ann_file: .* lack")):
         cfg.test_evaluator = [dict(type="DumpDetResults", out_file_path=str(tmp_path / "results.pkl")),
                               dict(type="LVISMetric", ann_file=ann_file)]
