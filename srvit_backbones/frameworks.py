@@ -52,7 +52,7 @@ class FrameworkAdapter:
         raise NotImplementedError(f"{self.name} has no demo")
 
     def count_flops(self, path: str, counted, plain: bool = False) -> dict:
-        """One row of count_flops' whole-model table (``srvit_backbones.flops.table_row``) for
+        """One row of count_flops' whole-model table (``srvit_backbones.flops_table.table_row``) for
         the config file ``path``; ``counted`` (a ``srvit_backbones.flops.Counted``) carries what
         earlier configs of the same call counted; ``plain``: one trace of the whole model."""
         raise NotImplementedError(f"{self.name} has no FLOP count")
