@@ -31,9 +31,15 @@ def test_wheel_install_finds_shipped_configs(tmp_path):
 
 
 def test_the_core_imports_no_framework():
-    """Importing the package and building, loading and counting a model loads neither a framework
-    nor an adapter: each adapter registers itself only when imported."""
-    code = ("import sys, timm, torch, srvit_backbones, srvit_backbones.layer_decay, srvit_backbones.flops; "
+    """Importing the package, and every module outside the adapters' folders, and building,
+    loading and counting a model loads neither a framework nor an adapter: each adapter registers
+    itself only when imported."""
+    package = os.path.join(ROOT, "srvit_backbones")
+    shared = [f"srvit_backbones.{folder}{name[:-3]}".replace(".__init__", "")
+              for folder in ("", "benchmark.", "pretrain.", "synthetic.")
+              for name in sorted(os.listdir(os.path.join(package, folder.rstrip(".")))) if name.endswith(".py")]
+    code = (f"import importlib; [importlib.import_module(m) for m in {shared!r}]; "
+            "import sys, timm, torch, srvit_backbones, srvit_backbones.layer_decay, srvit_backbones.flops; "
             "m = timm.create_model('srvit_t_t2', embed_dim=32, num_heads=2); "
             "srvit_backbones.load_pretrained(m, m.state_dict()); "
             "print(sorted(n for n in sys.modules if n.split('.')[0] in "
@@ -102,14 +108,14 @@ def test_tools_are_entry_points():
 
 
 def test_tools_find_frameworks_through_the_table():
-    """No tool chooses a framework by its name (``if framework == "mmdet"``, a dict keyed by the
-    frameworks' names): the tools that serve every framework go through
+    """No tool chooses a framework by its name (``if framework == "mmdet"``, a dict from the
+    frameworks' names to functions): the tools that serve every framework go through
     ``srvit_backbones.frameworks``, so a framework registered there is served without editing tools/."""
     import ast
 
-    import srvit_backbones
+    from srvit_backbones.frameworks import frameworks
 
-    names = set(srvit_backbones.frameworks())
+    names = set(frameworks())
     for tool, path in _tools().items():
         if not tool.endswith(".py"):
             continue
@@ -120,6 +126,7 @@ def test_tools_find_frameworks_through_the_table():
                 constants |= {e.value for o in operands if isinstance(o, (ast.Tuple, ast.List, ast.Set))
                               for e in o.elts if isinstance(e, ast.Constant)}
                 assert not constants & names, f"tools/{tool}:{node.lineno} compares with a framework's name"
-            if isinstance(node, ast.Dict):
-                keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+            if isinstance(node, ast.Dict):  # a dispatch table: the frameworks' names to functions or classes
+                keys = {k.value for k, v in zip(node.keys, node.values)
+                        if isinstance(k, ast.Constant) and isinstance(v, (ast.Name, ast.Attribute, ast.Lambda))}
                 assert len(keys & names) < 2, f"tools/{tool}:{node.lineno} dispatches on the frameworks' names"
