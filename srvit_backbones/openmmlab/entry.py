@@ -3,9 +3,9 @@ tools/train_det.py, train_seg.py, test_det.py and test_seg.py each call this mod
 framework's name. What they share: the command line of mmengine's scripts (the config by path
 or shipped name, ``--work-dir``, ``--amp``, ``--cfg-options``, ``--launcher``, your own data's
 options), the Runner built with it applied, the datasets checked before anything is built,
-``load_from`` checked as a fine-tuning start (``fine_tune.check_load_from``), and a training
-run's fault handling (``tools.prepare_training``: the fault hooks, the collective timeout,
-``--launcher pytorch`` on machines without a GPU). What a framework's own scripts do
+``load_from`` checked as a fine-tuning start (``fine_tune.check_load_from``), and the run's
+fault handling (built as ``runner.SRViTRunner``, which applies ``tools.prepare_training``: the
+fault hooks, the collective timeout, ``--launcher pytorch`` on machines without a GPU). What a framework's own scripts do
 differently is its ``tools`` module's ``SCRIPT_OPTIONS`` (a ``ScriptOptions``), found through
 the framework table (``srvit_backbones.frameworks.adapter(name).tools``)."""
 import argparse
@@ -16,7 +16,8 @@ from mmengine.runner import Runner
 
 from ..frameworks import adapter
 from .fine_tune import check_load_from
-from .tools import apply_amp, check_compile, prepare_training
+from .runner import SRViTRunner
+from .tools import apply_amp, check_compile
 
 
 class ScriptOptions:
@@ -88,8 +89,7 @@ def build_train_runner(framework: str, argv=None) -> Runner:
     check_compile(cfg)
     tools.SCRIPT_OPTIONS.apply_train_arguments(cfg, args)
     tools.check_data(cfg, ("train_dataloader", "val_dataloader"), read_files=not args.skip_data_check)
-    prepare_training(cfg)
-    runner = Runner.from_cfg(cfg)
+    runner = SRViTRunner.from_cfg(cfg)  # with the fault handling (prepare_training)
     check_load_from(runner)  # fine-tuning: only the class-dependent layers may differ
     return runner
 
@@ -126,7 +126,7 @@ def build_test_runner(framework: str, argv=None) -> Runner:
     cfg.load_from = args.checkpoint
     tools.check_data(cfg, ("test_dataloader",))
     tools.SCRIPT_OPTIONS.apply_test_arguments(cfg, args)
-    return Runner.from_cfg(cfg)
+    return SRViTRunner.from_cfg(cfg)
 
 
 def run_test(framework: str, argv=None) -> None:
