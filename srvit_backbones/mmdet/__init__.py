@@ -7,7 +7,7 @@ the configs name (``runner_type``).
 Configs import it with ``custom_imports = dict(imports=['srvit_backbones.mmdet'])``."""
 from typing import List
 
-from mmdet.registry import HOOKS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS, RUNNERS
+from mmdet.registry import HOOKS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS
 
 from ..openmmlab import SRViTBackbone, SRViTLayerDecayOptimizerConstructor, checkpoint_loading  # noqa: F401
 from ..openmmlab.runner import SRViTRunner
@@ -36,7 +36,6 @@ OPTIM_WRAPPER_CONSTRUCTORS.register_module(module=SRViTLayerDecayOptimizerConstr
 HOOKS.register_module(module=Fp16CompressionHook)
 HOOKS.register_module(module=SRViTCheckpointHook)
 HOOKS.register_module(module=DivergenceCheckHook)
-RUNNERS.register_module(module=SRViTRunner)
 
 __all__ = ["SRViTDetBackbone", "SimpleFeaturePyramid", "LayerNorm2d", "SRViTLayerDecayOptimizerConstructor",
            "Fp16CompressionHook", "SRViTCheckpointHook", "DivergenceCheckHook", "SRViTRunner"]

@@ -3,7 +3,7 @@
 ``DivergenceCheckHook``), the ``SRViTRunner`` the configs name (``runner_type``) and a torch >=
 2.6-safe checkpoint loader.
 Configs import it with ``custom_imports = dict(imports=['srvit_backbones.mmseg'])``."""
-from mmseg.registry import HOOKS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS, RUNNERS
+from mmseg.registry import HOOKS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS
 
 from ..openmmlab import SRViTBackbone, SRViTLayerDecayOptimizerConstructor, checkpoint_loading  # noqa: F401
 from ..openmmlab.runner import SRViTRunner
@@ -13,7 +13,6 @@ MODELS.register_module(name="SRViT", module=SRViTBackbone)
 OPTIM_WRAPPER_CONSTRUCTORS.register_module(module=SRViTLayerDecayOptimizerConstructor)
 HOOKS.register_module(module=SRViTCheckpointHook)
 HOOKS.register_module(module=DivergenceCheckHook)
-RUNNERS.register_module(module=SRViTRunner)
 
 __all__ = ["SRViTBackbone", "SRViTLayerDecayOptimizerConstructor", "SRViTCheckpointHook", "DivergenceCheckHook",
            "SRViTRunner"]
