@@ -463,28 +463,32 @@ def test_ddp_is_compiled_after_wrapping(image_folder, tmp_path):
     assert engine.unwrap(run.train_model) is run.model and run.train_model._orig_mod.module is run.model
 
 
-def test_a_non_finite_loss_is_caught_at_the_logging_period(image_folder, tmp_path):
-    """The loss is read once per logging period (no device sync per step); a non-finite loss
-    anywhere in the period stops training with the iterations it happened in."""
-    run = trainer.build(recipe.parse(tiny_args(image_folder, tmp_path, "--log-interval", "2", "--mixup", "0",
-                                               "--cutmix", "0", "--smoothing", "0")), distributed=False)
-    calls = []
-
-    def first_loss_nan(outputs, targets):
-        calls.append(len(calls))
-        loss = torch.nn.functional.cross_entropy(outputs, targets)
-        return loss * float("nan") if len(calls) == 1 else loss
-
-    with pytest.raises(FloatingPointError, match=r"not finite in iterations 0\.\.1 of epoch 0"):
-        engine.train_one_epoch(0, run.train_model, run.train_loader, run.optimizer, first_loss_nan, run.scheduler,
-                               run.args, state=run.state)
-    assert calls == [0, 1]  # the second step ran: nothing read the first loss before the period
-
-
 # ----------------------------------------------------------------------------- faults (issue 45)
+def test_a_diverged_run_stops_within_the_loss_check_interval(image_folder, tmp_path):
+    """A real divergence (lr 1e6) with log lines far apart (--log-interval 1000): the run stops
+    at the first check of the loss after it went non-finite, at most LOSS_CHECK_INTERVAL - 1
+    steps later, and names the step whose loss was the first non-finite one."""
+    run = trainer.build(recipe.parse(tiny_args(image_folder, tmp_path, "--epochs", "1", "--lr", "1e6",
+                                               "--warmup-epochs", "0", "--mixup", "0", "--cutmix", "0",
+                                               "--batch-size", "2", "--max-iters-per-epoch", "0",
+                                               "--log-interval", "1000")), distributed=False)
+    losses, criterion = [], run.criterion
+    run.criterion = lambda outputs, targets: losses.append(criterion(outputs, targets)) or losses[-1]
+    with pytest.raises(FloatingPointError) as error:
+        trainer.fit(run)
+    first = next(step for step, loss in enumerate(losses, 1) if not torch.isfinite(loss))
+    iteration, last = divergence_report(str(error.value))
+    assert iteration == first and last is None and "--lr" in str(error.value)
+    assert f"the loss became {losses[first - 1].item()} (step {first} of epoch 0)" in str(error.value)
+    checked_at = engine.LOSS_CHECK_INTERVAL * -(-first // engine.LOSS_CHECK_INTERVAL)  # the next multiple
+    assert run.state["global_iter"] == len(losses) == checked_at < run.iters_per_epoch == 9  # not the epoch's end
+    assert first > 1  # a real divergence: the initial weights' loss was finite
+
+
 def test_a_diverged_run_stops_naming_the_last_checkpoint(image_folder, tmp_path):
-    """A real divergence (lr 1e6, checked every iteration): stopped at once, naming the iteration,
-    what to try and the last checkpoint, which holds finite weights (non-finite ones are not saved)."""
+    """tools/pretrain.py diverging (lr 1e6) with a checkpoint every 2 steps (an epoch): stopped
+    naming the iteration, what to try and the last checkpoint, which holds finite weights
+    (non-finite ones are not saved)."""
     with pytest.raises(FloatingPointError) as error:
         load_tool("pretrain").main(tiny_args(image_folder, tmp_path, "--epochs", "3", "--lr", "1e6",
                                              "--warmup-epochs", "0", "--mixup", "0", "--cutmix", "0"))
