@@ -5,6 +5,7 @@ import glob
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import mmseg
 import pytest
 import torch
 from mmengine.config import Config
+from mmengine.fileio import register_backend
 from mmengine.registry import DefaultScope
 from mmengine.optim import build_optim_wrapper
 from mmseg.registry import MODELS
@@ -21,6 +23,7 @@ from mmseg.utils import register_all_modules
 import srvit_backbones
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import CheckpointError, create_srvit
+from srvit_backbones.openmmlab.hooks import AtomicLocalBackend
 from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg, assert_mmengine_resume_restores,
                      assert_mmengine_run_stops_diverged, file_size_limit, free_port, torchrun,
                      interpolated_pos_embed, load_tool, side_by_side, trained_mmseg)
@@ -316,6 +319,41 @@ def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(seg_root, trai
     assert (work / "iter_24.pth").read_bytes() == saved and not list(work.glob("*.pth.tmp"))
     assert (work / "last_checkpoint").read_text() == str(work / "iter_24.pth")
     check_resume_restores_state(seg_root, str(work), monkeypatch)
+
+
+class DiskFullAfterCheckpoint(AtomicLocalBackend):
+    """Writes a checkpoint whole, then leaves room for no more than 16 bytes in any file (ulimit
+    -f): the disk filling up between the checkpoint and the ``last_checkpoint`` pointer."""
+
+    def put(self, obj, filepath):
+        super().put(obj, filepath)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+register_backend("disk_full_after_checkpoint", DiskFullAfterCheckpoint)
+
+
+def test_a_pointer_write_cut_short_keeps_naming_the_last_complete_checkpoint(seg_root, trained, tmp_path,
+                                                                             monkeypatch):
+    """The disk full once iter_26.pth is written (max_keep_ckpts=1): the pointer's write fails
+    naming it, and last_checkpoint stays whole, naming iter_24.pth, which is still there (mmengine
+    rewrites the pointer in place, which leaves it empty; and would have removed iter_24.pth first)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(os.path.join(trained[0], "iter_24.pth"), work)
+    (work / "last_checkpoint").write_text(str(work / "iter_24.pth"))
+    saved = (work / "iter_24.pth").read_bytes()
+    monkeypatch.chdir(seg_root)
+    runner = load_tool("train_seg").build_runner([QUICKSTART, "--work-dir", str(work), "--resume", "--cfg-options",
+                                                  *RESUMED, "default_hooks.checkpoint.max_keep_ckpts=1",
+                                                  "default_hooks.checkpoint.backend_args.backend="
+                                                  "disk_full_after_checkpoint"])
+    with file_size_limit(resource.RLIM_INFINITY), \
+            pytest.raises(OSError, match=rf"'{work / 'last_checkpoint'}' was not written: File too large"):
+        runner.train()
+    assert (work / "last_checkpoint").read_text() == str(work / "iter_24.pth")
+    assert (work / "iter_24.pth").read_bytes() == saved and not list(work.glob("*.tmp"))
+    assert torch.load(work / "iter_26.pth", map_location="cpu", weights_only=False)["meta"]["iter"] == 26
 
 
 def test_torchrun_on_cpus_two_machines_train_as_one_machine_two_processes(seg_root, tmp_path):
