@@ -1,5 +1,6 @@
 """MMSegmentation: the SR-ViT backbone, the layer-decay constructor, the configs, and
 mmseg's own tools/train.py / tools/test.py end to end on synthetic ADE20K-layout data."""
+import contextlib
 import functools
 import glob
 import json
@@ -16,7 +17,8 @@ import torch
 from mmengine.config import Config
 from mmengine.fileio import register_backend
 from mmengine.registry import DefaultScope
-from mmengine.optim import build_optim_wrapper
+from mmengine.optim import AmpOptimWrapper, OptimWrapper, build_optim_wrapper
+from mmengine.registry import OPTIM_WRAPPERS
 from mmseg.registry import MODELS
 from mmseg.utils import register_all_modules
 
@@ -25,7 +27,7 @@ import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import CheckpointError, create_srvit
 from srvit_backbones.openmmlab.hooks import AtomicLocalBackend
 from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg, assert_mmengine_resume_restores,
-                     assert_mmengine_run_stops_diverged, file_size_limit, free_port, torchrun,
+                     assert_mmengine_run_stops_diverged, divergence_report, file_size_limit, free_port, torchrun,
                      interpolated_pos_embed, load_tool, side_by_side, trained_mmseg)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -241,6 +243,8 @@ def logged_test_metrics(work_dir):
 SMALL = ["train_cfg.max_iters=24", "train_cfg.val_interval=24", "default_hooks.logger.interval=2",
          "default_hooks.checkpoint.interval=24", "train_dataloader.batch_size=2",
          "param_scheduler.0.end=2", "param_scheduler.1.begin=2", "param_scheduler.1.end=48"]  # lr > 0 at 24
+CROP_64 = ["model.data_preprocessor.size=(64,64)", "model.backbone.img_size=(64,64)",
+           "train_dataloader.dataset.pipeline.3.crop_size=(64,64)"]  # a quarter of the quickstart's work
 RESUMED = [o.replace("max_iters=24", "max_iters=26") for o in SMALL] + ["train_cfg.val_interval=1000"]
 
 
@@ -354,6 +358,52 @@ def test_a_pointer_write_cut_short_keeps_naming_the_last_complete_checkpoint(seg
     assert (work / "last_checkpoint").read_text() == str(work / "iter_24.pth")
     assert (work / "iter_24.pth").read_bytes() == saved and not list(work.glob("*.tmp"))
     assert torch.load(work / "iter_26.pth", map_location="cpu", weights_only=False)["meta"]["iter"] == 26
+
+
+@OPTIM_WRAPPERS.register_module()
+class CPUAmpOptimWrapper(AmpOptimWrapper):
+    """mmengine's ``AmpOptimWrapper`` (its backward, step and state: loss scaling and skipped
+    steps) on a CPU GradScaler, under fp16 CPU autocast, so that the CUDA path's branches run
+    here. Its own ``__init__`` asserts a GPU (amp_optimizer_wrapper.py, line 76) and makes
+    ``torch.cuda.amp.GradScaler`` (line 20), and the ``optim_context`` autocast allows only bf16
+    on the CPU (mmengine/runner/amp.py, line 128): those two are replaced."""
+
+    def __init__(self, loss_scale=None, dtype=torch.float16, **kwargs):
+        OptimWrapper.__init__(self, **kwargs)
+        self._scale_update_param = None
+        self.loss_scaler = torch.amp.GradScaler("cpu", **(loss_scale or {}))
+        self.cast_dtype = dtype
+
+    @contextlib.contextmanager
+    def optim_context(self, model):
+        with OptimWrapper.optim_context(self, model), torch.autocast("cpu", dtype=self.cast_dtype):
+            yield
+
+
+def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(seg_root, tmp_path, monkeypatch):
+    """tools/train_seg.py's Runner under fp16 with AmpOptimWrapper's loss scaling (on the CPU),
+    its GradScaler at a scale that overflows fp16's gradients at every halving (1e30): every step
+    is skipped, silently to mmengine, and the config's DivergenceCheckHook stops the run at the
+    first skip past its limit (1 here: the CPU's emulated fp16 steps take seconds; the default 20
+    is counted in test_pretrain and test_faults)."""
+    config = tmp_path / "upernet_fp16.py"
+    config.write_text(f"_base_ = {QUICKSTART!r}\n"
+                      "custom_hooks = [dict(type='DivergenceCheckHook', max_consecutive_skipped_steps=1)]\n"
+                      "optim_wrapper = dict(type='CPUAmpOptimWrapper', loss_scale=dict(init_scale=1e30))\n")
+    monkeypatch.chdir(seg_root)
+    runner = load_tool("train_seg").build_runner([str(config), "--work-dir", str(tmp_path / "work"), "--cfg-options",
+                                                  *SMALL, *CROP_64])
+    logits = []  # (dtype, shape) of the decode head's logits, a step each
+    runner.model.decode_head.conv_seg.register_forward_hook(
+        lambda module, inputs, output: logits.append((output.dtype, tuple(output.shape))))
+    with pytest.raises(FloatingPointError) as error:
+        runner.train()
+    iteration, last = divergence_report(str(error.value))
+    assert iteration == runner.iter + 1 == len(logits) == 2 and last is None
+    assert set(logits) == {(torch.float16, (2, 150, 16, 16))}  # fp16, of 64x64 crops
+    assert "AmpOptimWrapper's GradScaler skipped 2 optimizer steps in a row" in str(error.value)
+    assert "fp32: optim_wrapper.type=OptimWrapper" in str(error.value)
+    assert runner.optim_wrapper.loss_scaler.get_scale() == pytest.approx(1e30 / 2 ** 2)
 
 
 def test_torchrun_on_cpus_two_machines_train_as_one_machine_two_processes(seg_root, tmp_path):

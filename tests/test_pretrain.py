@@ -12,7 +12,7 @@ import torch
 from PIL import Image, ImageOps
 from timm.data import auto_augment
 
-from srvit_backbones import create_srvit
+from srvit_backbones import create_srvit, faults
 from srvit_backbones.pretrain import augment, engine, recipe, trainer
 from helpers import (child_pids, divergence_report, file_size_limit, free_port, interpolated_pos_embed, is_running,
                      load_tool, torchrun, wait_for_text)
@@ -483,6 +483,33 @@ def test_a_diverged_run_stops_within_the_loss_check_interval(image_folder, tmp_p
     checked_at = engine.LOSS_CHECK_INTERVAL * -(-first // engine.LOSS_CHECK_INTERVAL)  # the next multiple
     assert run.state["global_iter"] == len(losses) == checked_at < run.iters_per_epoch == 9  # not the epoch's end
     assert first > 1  # a real divergence: the initial weights' loss was finite
+
+
+def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(image_folder, tmp_path):
+    """fp16 autocast on the CPU with timm's NativeScaler on a CPU GradScaler (the CUDA path's
+    branches; --amp refuses fp16 on the CPU) resumed at a scale that overflows fp16's gradients
+    at every halving (2**100): each step is skipped, the loss stays finite, and the run stops at
+    the 21st skipped step in a row, naming it; the weights never moved."""
+    from timm.utils import NativeScaler
+
+    run = trainer.build(recipe.parse(tiny_args(image_folder, tmp_path, "--batch-size", "1", "--max-iters-per-epoch",
+                                               "0", "--log-interval", "1000", "--mixup", "0", "--cutmix", "0")),
+                        distributed=False)
+    scaler = NativeScaler(device="cpu")
+    scaler.load_state_dict({**scaler.state_dict(), "scale": 2.0 ** 100})
+    before = {k: v.clone() for k, v in run.model.state_dict().items()}
+    dtypes = []
+    run.model.head.register_forward_hook(lambda module, inputs, output: dtypes.append(output.dtype))
+    with pytest.raises(FloatingPointError) as error:
+        for epoch in range(2):  # 18 steps each
+            engine.train_one_epoch(epoch, run.train_model, run.train_loader, run.optimizer, run.criterion,
+                                   run.scheduler, run.args, loss_scaler=scaler, state=run.state, dtype=torch.float16)
+    limit = faults.MAX_CONSECUTIVE_SKIPPED_STEPS
+    iteration, last = divergence_report(str(error.value))
+    assert iteration == len(dtypes) == limit + 1 and set(dtypes) == {torch.float16} and last is None
+    assert f"skipped {limit + 1} optimizer steps in a row" in str(error.value)
+    assert scaler._scaler.get_scale() == 2.0 ** (100 - limit - 1)
+    assert_same_tensors(run.model.state_dict(), before)
 
 
 def test_a_diverged_run_stops_naming_the_last_checkpoint(image_folder, tmp_path):

@@ -17,6 +17,7 @@ from mmengine.dist import is_main_process
 from mmengine.fileio import LocalBackend, register_backend
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.model import is_model_wrapper
+from mmengine.optim import AmpOptimWrapper
 from mmengine.utils import mkdir_or_exist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 from torch.nn.parallel import DistributedDataParallel
@@ -129,6 +130,9 @@ class DivergenceCheckHook(Hook):
     def __init__(self, max_consecutive_skipped_steps: int = MAX_CONSECUTIVE_SKIPPED_STEPS):
         self.skipped = SkippedStepCounter(max_consecutive_skipped_steps)
 
+    def before_train(self, runner) -> None:
+        self.skipped.start(getattr(runner.optim_wrapper, "loss_scaler", None))  # after a resume loaded it
+
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         loss = (outputs or {}).get("loss")
         if loss is not None and not torch.isfinite(torch.as_tensor(loss)).all():
@@ -146,6 +150,6 @@ def divergence_fixes(runner):
     """What to try when a run of ``runner`` diverges, in its config's keys."""
     fixes = ["a lower optim_wrapper.optimizer.lr (or a longer warmup in param_scheduler)",
              "gradient clipping: optim_wrapper.clip_grad=dict(max_norm=1.0)"]
-    if type(runner.optim_wrapper).__name__ == "AmpOptimWrapper":
+    if isinstance(runner.optim_wrapper, AmpOptimWrapper):
         fixes.append("fp32: optim_wrapper.type=OptimWrapper (or bf16: optim_wrapper.dtype=bfloat16)")
     return fixes

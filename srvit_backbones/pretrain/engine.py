@@ -150,18 +150,22 @@ LOSS_CHECK_INTERVAL = 4
 
 
 def train_one_epoch(epoch, model, loader, optimizer, criterion, scheduler, args, loss_scaler=None,
-                    mixup_fn=None, model_ema=None, distill=False, state=None):
+                    mixup_fn=None, model_ema=None, distill=False, state=None, dtype="--amp"):
     """One epoch of ``loader``; stops (``faults.Diverged``) at a non-finite loss, read every
     ``LOSS_CHECK_INTERVAL`` steps and at each log line, or after more than
     ``faults.MAX_CONSECUTIVE_SKIPPED_STEPS`` steps skipped in a row by an fp16 ``loss_scaler``.
-    Returns the last step's loss."""
+    Returns the last step's loss. ``dtype``: the autocast dtype (None: fp32), by default that of
+    ``--amp`` on ``--device`` (``precision``); given, it also runs fp16 with a GradScaler on the
+    CPU, which ``--amp`` refuses there (emulated fp16 is slow) but whose every branch tests run."""
     model.train()
     device = torch.device(args.device)
     n_iters = len(loader) if not args.max_iters_per_epoch else min(len(loader), args.max_iters_per_epoch)
     total_iters = n_iters * args.epochs
     start = time.time()
     seen, unread, last_loss = 0, [], None
-    dtype = precision(args)
+    dtype = precision(args) if dtype == "--amp" else dtype
+    if loss_scaler is not None and "skipped_steps" not in state:  # the scale before the first step
+        state["skipped_steps"] = SkippedStepCounter().start(loss_scaler._scaler)
     for i, (images, targets) in enumerate(loader):
         if i >= n_iters:
             break
@@ -175,9 +179,8 @@ def train_one_epoch(epoch, model, loader, optimizer, criterion, scheduler, args,
         if loss_scaler is not None:
             loss_scaler(loss, optimizer, clip_grad=args.clip_grad, parameters=model.parameters())
             # GradScaler.step already reads its inf check on the host every step: reading the scale adds no sync
-            skipped = state.setdefault("skipped_steps", SkippedStepCounter())
-            if skipped.update(loss_scaler._scaler):
-                raise Diverged(diverged(skipped.describe(), state["global_iter"] + 1, args))
+            if state["skipped_steps"].update(loss_scaler._scaler):
+                raise Diverged(diverged(state["skipped_steps"].describe(), state["global_iter"] + 1, args))
         else:
             loss.backward()
             if args.clip_grad:
