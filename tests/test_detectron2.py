@@ -498,6 +498,45 @@ def test_a_diverged_run_stops_at_once_naming_the_last_checkpoint(coco_root, tmp_
     assert all(torch.isfinite(v).all() for v in torch.load(last, weights_only=True)["model"].values())
 
 
+# fewer regions through the heads' convolutions, whose fp16 backward is the CPU's slow path
+FEW_ROIS = ["model.roi_heads.batch_size_per_image=8", "dataloader.train.total_batch_size=1"]
+
+
+def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(coco_root, tmp_path, monkeypatch):
+    """tools/train_net.py's trainer with train.amp.enabled: detectron2's AMPTrainer, its own
+    run_step, on a CPU GradScaler whose scale overflows fp16's gradients at every halving (1e30):
+    every step is skipped, silently to detectron2, and the DivergenceCheck stops the run at the
+    first skip past its limit (1 here: the CPU's emulated fp16 steps take seconds; the default 20 is
+    counted in test_pretrain and test_faults). run_step asserts torch.cuda.is_available()
+    (detectron2/engine/train_loop.py, line 484) and enters torch.cuda.amp.autocast (485, 493), a
+    no-op without CUDA: for this run they answer True and enter fp16 CPU autocast."""
+    from detectron2.engine import AMPTrainer
+
+    from srvit_backbones.detectron2 import faults as detectron2_faults
+
+    train_net = load_tool("train_net")
+    args = train_net.parse_args(["--config", QUICKSTART, f"train.output_dir={tmp_path}", *TINY, *FEW_ROIS,
+                                 "train.amp.enabled=True", "train.max_iter=8", "train.eval_period=1000",
+                                 "train.checkpointer.period=1000", *in_process_data(coco_root)])
+    trainer, start_iter = train_net.build_trainer(args, train_net.load_config(args))
+    assert type(trainer) is AMPTrainer and not trainer.grad_scaler.is_enabled()  # torch.cuda.amp's: off on a CPU
+    trainer.grad_scaler = torch.amp.GradScaler("cpu", init_scale=1e30)
+    (check,) = [hook for hook in trainer._hooks if isinstance(hook, detectron2_faults.DivergenceCheck)]
+    check.skipped.limit = 1
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda.amp, "autocast", lambda dtype: torch.autocast("cpu", dtype=dtype))
+    logits = []
+    trainer.model.roi_heads.box_predictor.cls_score.register_forward_hook(
+        lambda module, inputs, output: logits.append(output.dtype))
+    with pytest.raises(FloatingPointError) as error, detectron2_faults.explained_divergence(trainer):
+        trainer.train(start_iter, 8)  # train_net.do_train
+    iteration, last = divergence_report(str(error.value))
+    assert iteration == trainer.iter == 1 and len(logits) == 2 and last is None  # 0-based: the second step
+    assert set(logits) == {torch.float16}
+    assert "AMPTrainer's GradScaler skipped 2 optimizer steps in a row" in str(error.value)
+    assert trainer.grad_scaler.get_scale() == pytest.approx(1e30 / 2 ** 2)
+
+
 def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(coco_root, trained, tmp_path):
     """A full disk while model_final.pth is rewritten at the end of a resumed run (ulimit -f): an
     error naming the file and the cause; the earlier model_final.pth (fvcore would have truncated
