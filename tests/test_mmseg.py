@@ -305,18 +305,26 @@ def test_a_diverged_run_stops_at_once_naming_the_last_checkpoint(seg_root, tmp_p
     assert_mmengine_run_stops_diverged(runner, work)
 
 
-def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(seg_root, trained, tmp_path, monkeypatch):
-    """A full disk while iter_26.pth is written (ulimit -f), with max_keep_ckpts=1 (mmengine
-    removes the kept iter_24.pth before writing): an error naming the file and the cause;
-    iter_24.pth stays complete and named by last_checkpoint, and --resume restores it by value."""
+def resumed_from_iter_24(seg_root, trained, tmp_path, monkeypatch, *options):
+    """A work dir holding ``trained``'s iter_24.pth, named by last_checkpoint, and the Runner of
+    tools/train_seg.py that resumes from it to iteration 26 with max_keep_ckpts=1 (mmengine
+    removes the kept iter_24.pth before writing iter_26.pth) and ``options``: (work dir, the
+    bytes of iter_24.pth, runner)."""
     work = tmp_path / "work"
     work.mkdir()
     shutil.copy(os.path.join(trained[0], "iter_24.pth"), work)
     (work / "last_checkpoint").write_text(str(work / "iter_24.pth"))
-    saved = (work / "iter_24.pth").read_bytes()
     monkeypatch.chdir(seg_root)
     runner = load_tool("train_seg").build_runner([QUICKSTART, "--work-dir", str(work), "--resume", "--cfg-options",
-                                                  *RESUMED, "default_hooks.checkpoint.max_keep_ckpts=1"])
+                                                  *RESUMED, "default_hooks.checkpoint.max_keep_ckpts=1", *options])
+    return work, (work / "iter_24.pth").read_bytes(), runner
+
+
+def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(seg_root, trained, tmp_path, monkeypatch):
+    """A full disk while iter_26.pth is written (ulimit -f), with max_keep_ckpts=1 (mmengine
+    removes the kept iter_24.pth before writing): an error naming the file and the cause;
+    iter_24.pth stays complete and named by last_checkpoint, and --resume restores it by value."""
+    work, saved, runner = resumed_from_iter_24(seg_root, trained, tmp_path, monkeypatch)
     with file_size_limit(len(saved) // 2), \
             pytest.raises(OSError, match=rf"'{work / 'iter_26.pth'}' was not written: File too large"):
         runner.train()
@@ -334,24 +342,17 @@ class DiskFullAfterCheckpoint(AtomicLocalBackend):
         resource.setrlimit(resource.RLIMIT_FSIZE, (16, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
 
-register_backend("disk_full_after_checkpoint", DiskFullAfterCheckpoint)
+DISK_FULL = "disk_full_after_checkpoint"
+register_backend(DISK_FULL, DiskFullAfterCheckpoint)
 
 
 def test_a_pointer_write_cut_short_keeps_naming_the_last_complete_checkpoint(seg_root, trained, tmp_path,
                                                                              monkeypatch):
     """The disk full once iter_26.pth is written (max_keep_ckpts=1): the pointer's write fails
     naming it, and last_checkpoint stays whole, naming iter_24.pth, which is still there (mmengine
-    rewrites the pointer in place, which leaves it empty; and would have removed iter_24.pth first)."""
-    work = tmp_path / "work"
-    work.mkdir()
-    shutil.copy(os.path.join(trained[0], "iter_24.pth"), work)
-    (work / "last_checkpoint").write_text(str(work / "iter_24.pth"))
-    saved = (work / "iter_24.pth").read_bytes()
-    monkeypatch.chdir(seg_root)
-    runner = load_tool("train_seg").build_runner([QUICKSTART, "--work-dir", str(work), "--resume", "--cfg-options",
-                                                  *RESUMED, "default_hooks.checkpoint.max_keep_ckpts=1",
-                                                  "default_hooks.checkpoint.backend_args.backend="
-                                                  "disk_full_after_checkpoint"])
+    rewrites the pointer in place, which leaves it cut short; and removes iter_24.pth first)."""
+    work, saved, runner = resumed_from_iter_24(seg_root, trained, tmp_path, monkeypatch,
+                                               f"default_hooks.checkpoint.backend_args.backend={DISK_FULL}")
     with file_size_limit(resource.RLIM_INFINITY), \
             pytest.raises(OSError, match=rf"'{work / 'last_checkpoint'}' was not written: File too large"):
         runner.train()
