@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -27,7 +28,8 @@ from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.srvit import resize_pos_embed
 from srvit_backbones.models.attention import RelPosAttention
 from srvit_backbones.models.rel_pos import is_rel_pos
-from helpers import divergence_report, file_size_limit, interpolated_pos_embed, load_tool, two_gloo_processes
+from helpers import (child_pids, divergence_report, file_size_limit, free_port, interpolated_pos_embed, is_running,
+                     load_tool, side_by_side, two_gloo_processes, wait_for_text)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "detectron2_configs")
@@ -706,23 +708,80 @@ def test_prefer_ema_is_a_backbone_setting(tmp_path):
                 assert torch.equal(loaded[k], v), (prefer_ema, k)
 
 
-@pytest.mark.parametrize("config,extra", [(QUICKSTART, ["model.backbone.net.use_act_checkpoint=True"]),
-                                           ("lvis/cascade_mask_rcnn_srvit_s_t3.py", [])],
-                         ids=["t_t2-act_checkpoint", "lvis-cascade-s_t3"])
-def test_two_process_ddp_on_cpu(request, config, extra):
+def test_two_process_ddp_on_cpu(lvis_root):
     """Two iterations, so that a parameter without a gradient would fail the second one
     (detectron2's default DDP settings: find_unused_parameters=False). The S-T3 backbone runs
     inside the LVIS Cascade Mask R-CNN: the cascade's three stages, the federated loss and the
-    repeat-factor sampler under DDP too (builtin lvis_v1_* names on synthetic LVIS)."""
-    root = request.getfixturevalue("lvis_root" if config.startswith("lvis") else "coco_root")
-    config = config if os.path.isabs(config) else os.path.join(CONFIGS, config)
+    repeat-factor sampler under DDP too (builtin lvis_v1_* names on synthetic LVIS). The tiny
+    Mask R-CNN's DDP run (act checkpointing on) is test_two_machines_..., below."""
+    config = os.path.join(CONFIGS, "lvis/cascade_mask_rcnn_srvit_s_t3.py")
     assert LazyConfig.load(config).train.ddp.find_unused_parameters is False
-    out = str(root / f"ddp_{os.path.basename(config)}")
-    proc, log = run_train_net(root, *tiny_overrides(config), *extra, f"train.output_dir={out}", "train.max_iter=2",
+    out = str(lvis_root / f"ddp_{os.path.basename(config)}")
+    proc, log = run_train_net(lvis_root, *tiny_overrides(config), f"train.output_dir={out}", "train.max_iter=2",
                               "train.eval_period=1000", "dataloader.train.total_batch_size=2", "train.log_period=1",
                               config=config, num_gpus=2)
     assert proc.returncode == 0, log[-3000:]
     assert "iter: 1" in log
+
+
+def test_two_machines_train_as_one_and_a_killed_rank_ends_the_job(coco_root, tmp_path):
+    """tools/train_net.py as 2 machines x 1 process on 127.0.0.1 (--num-machines 2 --machine-rank R
+    --dist-url) and as 1 machine x 2 processes (--num-gpus 2), side by side, DDP with detectron2's
+    defaults (find_unused_parameters=False) and act checkpointing: the checkpoint after 2 steps
+    is the same, bit for bit. Then machine 1's worker is SIGKILLed: both machines exit non-zero
+    within 120 s, no worker is left, machine 1 names rank 1 and the signal, and the checkpoint is
+    as it was written. (The 1 x 2 run is stopped at that checkpoint.)"""
+    import signal
+
+    config = LazyConfig.load(QUICKSTART)
+    assert config.train.ddp.find_unused_parameters is False
+    env = dict(os.environ, DETECTRON2_DATASETS=str(coco_root / "data"), OMP_NUM_THREADS="1")
+
+    def launch(layout, log, *processes):
+        return subprocess.Popen([sys.executable, os.path.join(ROOT, "tools", "train_net.py"), "--config", QUICKSTART,
+                                 *processes, *TINY, "model.backbone.net.use_act_checkpoint=True", "train.max_iter=20",
+                                 "train.eval_period=1000", "dataloader.train.total_batch_size=2",
+                                 "train.checkpointer.period=2", f"train.output_dir={tmp_path / layout}"], env=env,
+                                cwd=str(coco_root), stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    def workers(machine):  # detectron2's launch spawns them (multiprocessing's resource tracker aside)
+        return [pid for pid in child_pids(machine.pid) if b"spawn_main" in open(f"/proc/{pid}/cmdline", "rb").read()]
+
+    port, logs = free_port(), [tmp_path / f"machine{r}.log" for r in (0, 1)]
+    machines = [launch("2x1", log, "--num-gpus", "1", "--num-machines", "2", "--machine-rank", str(rank),
+                       "--dist-url", f"tcp://127.0.0.1:{port}") for rank, log in enumerate(logs)]
+    one_machine = launch("1x2", tmp_path / "1x2.log", "--num-gpus", "2")
+    second_step = "model_0000001.pth"  # iterations 0 and 1
+
+    def kill_rank_1():
+        wait_for_text(tmp_path / "2x1" / "last_checkpoint", second_step, machines[0])
+        saved = (tmp_path / "2x1" / second_step).read_bytes()
+        started = [pid for machine in machines for pid in workers(machine)]
+        (victim,) = workers(machines[1])
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        codes = [machine.wait(timeout=120) for machine in machines]
+        return saved, started, codes, time.monotonic() - killed
+
+    def stop_one_machine():
+        wait_for_text(tmp_path / "1x2" / "last_checkpoint", second_step, one_machine)
+        os.killpg(one_machine.pid, signal.SIGKILL)
+        one_machine.wait(timeout=60)
+
+    try:
+        (saved, started, codes, seconds), _ = side_by_side(kill_rank_1, stop_one_machine)
+    finally:
+        for process in (*machines, one_machine):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    assert all(code != 0 for code in codes) and seconds < 120, (codes, seconds)
+    assert len(started) == 2 and not any(is_running(pid) for pid in started)
+    assert re.search(r"rank 1 \(process \d+ on machine 1\) was killed by signal SIGKILL", logs[1].read_text())
+    assert (tmp_path / "2x1" / second_step).read_bytes() == saved
+    two, one = (torch.load(tmp_path / layout / second_step, weights_only=True) for layout in ("2x1", "1x2"))
+    assert two["iteration"] == one["iteration"] == 1
+    assert_same_tensors(two["model"], one["model"])
 
 
 @pytest.mark.parametrize("override,error,match", [
