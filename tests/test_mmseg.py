@@ -10,6 +10,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import time
 
 import mmseg
 import pytest
@@ -27,8 +28,9 @@ import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import CheckpointError, create_srvit
 from srvit_backbones.openmmlab.hooks import AtomicLocalBackend
 from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg, assert_mmengine_resume_restores,
-                     assert_mmengine_run_stops_diverged, divergence_report, file_size_limit, free_port, torchrun,
-                     interpolated_pos_embed, load_tool, side_by_side, trained_mmseg)
+                     assert_mmengine_run_stops_diverged, child_pids, divergence_report, file_size_limit, free_port,
+                     interpolated_pos_embed, is_running, load_tool, side_by_side, torchrun, trained_mmseg,
+                     wait_for_text)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "mmseg_configs")
@@ -407,24 +409,58 @@ def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(seg_root, tmp_pat
     assert runner.optim_wrapper.loss_scaler.get_scale() == pytest.approx(1e30 / 2 ** 2)
 
 
-def test_torchrun_on_cpus_two_machines_train_as_one_machine_two_processes(seg_root, tmp_path):
+def test_torchrun_on_cpus_two_machines_train_as_one_and_a_killed_rank_ends_the_job(seg_root, tmp_path):
     """tools/train_seg.py's own distributed path (torchrun ... --launcher pytorch, gloo), which
     mmengine's init_dist cannot start without a GPU: as 2 machines x 1 process on 127.0.0.1 and as
-    1 machine x 2 processes, the same 2 steps from the same seed give the same weights."""
-    def train(layout, node_rank, port):
-        return run(seg_root, *torchrun(layout, port, node_rank), os.path.join(ROOT, "tools", "train_seg.py"),
-                   QUICKSTART, "--launcher", "pytorch", "--work-dir", str(tmp_path / layout), "--cfg-options",
-                   "env_cfg.dist_cfg.backend=gloo", "train_cfg.max_iters=2", "train_cfg.val_interval=1000",
-                   "default_hooks.logger.interval=1", "default_hooks.checkpoint.interval=2",
-                   "train_dataloader.batch_size=2", timeout=300)
+    1 machine x 2 processes, side by side, the same 2 steps from the same seed give the same
+    weights. Then machine 1's worker is SIGKILLed: both torchruns exit non-zero within 120 s, no
+    worker is left, machine 1's names rank 1 and the signal, and iter_2.pth is as it was written.
+    (The 1 x 2 run is stopped at its iter_2.pth.)"""
+    import signal
 
-    two_ports = free_port(), free_port()
-    runs = side_by_side(functools.partial(train, "2x1", 0, two_ports[0]),
-                        functools.partial(train, "2x1", 1, two_ports[0]), functools.partial(train, "1x2", 0, two_ports[1]))
-    for proc, log in runs:
-        assert proc.returncode == 0, log[-3000:]
-    for _, log in (runs[0], runs[2]):  # rank 0's
-        assert "Distributed launcher: pytorch" in log and "GPU number: 2" in log  # mmengine's name for the world size
+    def launch(layout, node_rank, port):
+        return subprocess.Popen([sys.executable, *torchrun(layout, port, node_rank),
+                                 os.path.join(ROOT, "tools", "train_seg.py"), QUICKSTART, "--launcher", "pytorch",
+                                 "--work-dir", str(tmp_path / layout), "--cfg-options", "env_cfg.dist_cfg.backend=gloo",
+                                 "train_cfg.max_iters=20", "train_cfg.val_interval=1000",
+                                 "default_hooks.logger.interval=1", "default_hooks.checkpoint.interval=2",
+                                 "train_dataloader.batch_size=2"], cwd=str(seg_root),
+                                env=dict(os.environ, OMP_NUM_THREADS="1"), stderr=subprocess.STDOUT,
+                                stdout=open(tmp_path / f"{layout}_{node_rank}.log", "w"), start_new_session=True)
+
+    port = free_port()
+    machines = [launch("2x1", rank, port) for rank in (0, 1)]
+    one_machine = launch("1x2", 0, free_port())
+
+    def kill_rank_1():
+        wait_for_text(tmp_path / "2x1" / "last_checkpoint", "iter_2.pth", machines[0])
+        saved = (tmp_path / "2x1" / "iter_2.pth").read_bytes()
+        workers = [pid for machine in machines for pid in child_pids(machine.pid)]
+        (victim,) = child_pids(machines[1].pid)
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        codes = [machine.wait(timeout=120) for machine in machines]
+        return saved, workers, codes, time.monotonic() - killed
+
+    def stop_one_machine():
+        wait_for_text(tmp_path / "1x2" / "last_checkpoint", "iter_2.pth", one_machine)
+        os.killpg(one_machine.pid, signal.SIGKILL)
+        one_machine.wait(timeout=60)
+
+    try:
+        (saved, workers, codes, seconds), _ = side_by_side(kill_rank_1, stop_one_machine)
+    finally:
+        for process in (*machines, one_machine):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    assert all(code != 0 for code in codes) and seconds < 120, (codes, seconds)
+    assert len(workers) == 2 and not any(is_running(pid) for pid in workers)
+    machine_1 = (tmp_path / "2x1_1.log").read_text()
+    assert re.search(r"rank\s*: 1 \(local_rank: 0\)\s+exitcode\s*: -9", machine_1), machine_1[-2000:]
+    assert (tmp_path / "2x1" / "iter_2.pth").read_bytes() == saved
+    for log in ("2x1_0", "1x2_0"):  # rank 0's
+        text = (tmp_path / f"{log}.log").read_text()
+        assert "Distributed launcher: pytorch" in text and "GPU number: 2" in text  # mmengine's name for the world size
     weights = [torch.load(tmp_path / layout / "iter_2.pth", map_location="cpu", weights_only=False)["state_dict"]
                for layout in ("2x1", "1x2")]
     assert weights[0].keys() == weights[1].keys()
