@@ -99,8 +99,8 @@ def kill_machine_1_beside_one_machine(machines, one_machine, ready_2x1, ready_1x
     (machine 0 wrote it), ``checkpoint`` is read and machine 1's worker SIGKILLed; once
     ``ready_1x2`` is there, ``one_machine`` is stopped (each process was started in a session of
     its own: its group is killed), or, where it is None, ``one_machine`` runs to its end and exits
-    0. Both machines must exit non-zero within 120 s and leave no worker. ``workers(pid)``: a machine's workers (default: its children). Returns the bytes of
-    ``checkpoint`` before the kill."""
+    0. Both machines must exit non-zero within 120 s and leave no worker. ``workers(pid)``: a
+    machine's workers (default: its children). Returns the bytes of ``checkpoint`` before the kill."""
     import signal
     import time
 
