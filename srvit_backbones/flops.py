@@ -12,10 +12,17 @@ fvcore counts by tracing, which runs the model: at detection sizes a recursive b
 (the same block configuration on the same token shape, windowed or global). ``BlockApplications``
 traces each distinct one once and multiplies it by how often it runs; the counts are those of
 tracing every application, operator by operator.
+
+A whole detector or segmentor (tools/count_flops.py's Table 4) is counted in two parts by
+``count_parts``: its backbone by ``BlockApplications``, and the rest (neck and heads), which the
+configs of one task mostly share, once per config and backbone shape (``Counted``). The
+frameworks' adapters build their models and call it (``srvit_backbones.<framework>.flops``).
 """
 import copy
 import warnings
 from collections import Counter
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 import torch
@@ -173,3 +180,79 @@ def count_flops_by_operator(model: nn.Module, inputs: Any, analysis: Callable = 
 def count_flops(model: nn.Module, inputs: Tuple[torch.Tensor, ...], plain: bool = False) -> int:
     """Total FLOPs (multiply-adds) of ``model(*inputs)`` in eval mode, via fvcore."""
     return attention_split(count_flops_by_operator(model, inputs, plain=plain))[0]
+
+
+@dataclass
+class Counted:
+    """What the configs measured so far counted, for the next ones: block applications (see
+    ``BlockApplications``), and the rest of a model (neck and heads) by its config without the
+    backbone and the backbone's input and output shapes: the configs of one task differ mostly in
+    the backbone, and the heads cost as much as the blocks."""
+
+    blocks: dict = field(default_factory=dict)
+    heads: dict = field(default_factory=dict)
+
+
+def _map_tensors(fn: Callable, tree: Any) -> Any:
+    """``fn`` over the tensors of a nested dict / list / tuple (a backbone's output)."""
+    if isinstance(tree, torch.Tensor):
+        return fn(tree)
+    if isinstance(tree, dict):
+        return {k: _map_tensors(fn, v) for k, v in tree.items()}
+    return type(tree)(_map_tensors(fn, v) for v in tree)
+
+
+class _StandIn(nn.Module):
+    """Zeros shaped like a backbone's output, in the backbone's place: what follows it is
+    counted without running it."""
+
+    def __init__(self, output: Any):
+        super().__init__()
+        self.output = _map_tensors(torch.zeros_like, output)
+
+    def forward(self, x):
+        return _map_tensors(lambda t: x.new_zeros(t.shape, dtype=t.dtype), self.output)
+
+
+def count_parts(model: nn.Module, inputs: Any, backbone_name: str, backbone_input: torch.Tensor, config: str,
+                counted: Counted, analysis: Callable = fvcore_analysis,
+                heads_counted: Callable = nullcontext) -> Counter:
+    """FLOPs by operator of ``model(inputs)`` as one trace by ``analysis`` counts them, in two parts: the
+    backbone (the submodule ``backbone_name``, which the model calls on ``backbone_input``),
+    each distinct block application traced once; the rest, traced with a ``_StandIn`` for the
+    backbone once per ``config`` (the model's config without the backbone) and backbone shapes,
+    in ``heads_counted(model)``."""
+    parent_name, _, name = backbone_name.rpartition(".")
+    parent = model.get_submodule(parent_name)
+    backbone = getattr(parent, name)
+    outputs = []
+    hook = backbone.register_forward_hook(lambda module, args, output: outputs.append(output))
+    try:
+        counts = count_flops_by_operator(backbone, (backbone_input,), analysis, traced=counted.blocks)
+    finally:
+        hook.remove()
+    key = (config, tuple(backbone_input.shape), repr(_map_tensors(lambda t: tuple(t.shape), outputs[0])))
+    if key not in counted.heads:
+        setattr(parent, name, _StandIn(outputs[0]))
+        try:
+            with heads_counted(model):
+                counted.heads[key] = count_by_operator(model, inputs, analysis)
+        finally:
+            setattr(parent, name, backbone)
+    return counts + counted.heads[key]
+
+
+@contextmanager
+def proposals_checked(set_nms_threshold: Callable[[float], float], num_proposals: Callable[[], int], expected: int):
+    """The RPN's NMS off (``set_nms_threshold(1.0)``, which returns the threshold it replaces: NMS
+    has no FLOPs, and on a stand-in's zero features it would drop many proposals); after the
+    count, the box head must have run on all ``expected`` proposals (``num_proposals()``), as it
+    does on real features. A detector adapter's ``heads_counted`` for ``count_parts``."""
+    threshold = set_nms_threshold(1.0)
+    try:
+        yield
+    finally:
+        set_nms_threshold(threshold)
+    if num_proposals() != expected:
+        raise RuntimeError(f"the box head ran on {num_proposals()} proposals, not the {expected} it runs on at "
+                           f"test time: the count would be too low (count with --plain)")

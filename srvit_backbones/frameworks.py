@@ -6,13 +6,18 @@ methods (``FrameworkAdapter``). A framework is one row of ``register_framework``
 task it serves, where its shipped configs are, how to recognise one of its config files, and
 the adapter class (imported only when asked for, so importing ``srvit_backbones`` imports no
 framework). A new framework, or a second family of one, is one call to ``register_framework``
-with a ``FrameworkAdapter`` subclass: nothing under tools/ or models/ changes.
+with a ``FrameworkAdapter`` subclass, made by the process or by an installed package's
+``srvit_backbones.frameworks`` entry point: nothing under tools/ or models/ changes
+(docs/frameworks.md).
 
 This module imports no framework and nothing of the package but ``config_files``.
 """
+import ast
 import importlib
+import importlib.metadata
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -47,7 +52,7 @@ class FrameworkAdapter:
         raise NotImplementedError(f"{self.name} has no demo")
 
     def count_flops(self, path: str, counted, plain: bool = False) -> dict:
-        """One row of count_flops' whole-model table (``srvit_backbones.flops.table_row``) for
+        """One row of count_flops' whole-model table (``srvit_backbones.flops_table.table_row``) for
         the config file ``path``; ``counted`` (a ``srvit_backbones.flops.Counted``) carries what
         earlier configs of the same call counted; ``plain``: one trace of the whole model."""
         raise NotImplementedError(f"{self.name} has no FLOP count")
@@ -56,6 +61,15 @@ class FrameworkAdapter:
         """tools/check_data.py's check of every dataset of the config ``path``, with the
         command line ``args`` (your own data's options, the overrides)."""
         raise NotImplementedError(f"{self.name} has no data check")
+
+    def time_training(self, config: str, size: int, images: int, device, warmup: int, steps: int) -> dict:
+        """The GPU check's training step (``srvit_backbones.benchmark.gpu_check``): ``warmup +
+        steps`` training iterations of the config (a path or a shipped name) at input ``size``,
+        ``images`` synthetic images per step on ``device`` (a ``torch.device``), through the
+        framework's own trainer or optim wrapper with the AMP a GPU user switches on (fp32 on the
+        CPU). Returns the check's row: the config, size, images, what stepped it, the loss (and
+        loss scale), and ``Timer.summary(warmup)``'s s/iter and peak memory."""
+        raise NotImplementedError(f"{self.name} has no GPU check training step")
 
 
 @dataclass(frozen=True)
@@ -72,8 +86,27 @@ class Framework:
     recognizes: Callable[[str, str], bool] = lambda path, text: False
 
 
+#: the entry-point group through which an installed package adds its framework: each entry is a
+#: function of no arguments that calls ``register_framework`` (setup.py:
+#: ``entry_points={"srvit_backbones.frameworks": ["mine=my_package.srvit:register"]}``), called
+#: once, when the table is first read
+FRAMEWORKS_GROUP = "srvit_backbones.frameworks"
 _TABLE: Dict[str, Framework] = {}
 _ADAPTERS: Dict[str, FrameworkAdapter] = {}
+_PLUGINS_LOADED = []
+
+
+def _table() -> Dict[str, Framework]:
+    """The table, with the frameworks of installed packages' entry points registered."""
+    if not _PLUGINS_LOADED:
+        _PLUGINS_LOADED.append(True)
+        for point in importlib.metadata.entry_points(group=FRAMEWORKS_GROUP):
+            try:
+                point.load()()
+            except Exception as e:  # a broken plugin does not hide the other frameworks, and says so
+                warnings.warn(f"the framework entry point {point.name} = {point.value} ({FRAMEWORKS_GROUP}) "
+                              f"failed: {type(e).__name__}: {e}; its framework is not in the table")
+    return _TABLE
 
 
 def register_framework(name: str, task: str, adapter: Union[str, type], config_folder: Optional[str] = None,
@@ -100,11 +133,11 @@ def unregister_framework(name: str) -> None:
 def frameworks(task: Optional[str] = None) -> List[str]:
     """The table's framework names in the order they were registered, those of ``task`` only
     when given."""
-    return [name for name, row in _TABLE.items() if task is None or row.task == task]
+    return [name for name, row in _table().items() if task is None or row.task == task]
 
 
 def framework(name: str) -> Framework:
-    if name not in _TABLE:
+    if name not in _table():
         raise ValueError(f"unknown framework {name!r}: choose {', '.join(_TABLE)}")
     return _TABLE[name]
 
@@ -130,7 +163,7 @@ def adapter(name: str) -> FrameworkAdapter:
 def shipped_in(path: str) -> Optional[str]:
     """The framework whose shipped config folder holds ``path``, or None."""
     path = os.path.abspath(path)
-    for row in _TABLE.values():
+    for row in _table().values():
         if row.config_folder:
             root = config_dir(row.name)
             if os.path.commonpath([path, root]) == root:
@@ -143,7 +176,7 @@ def framework_of(path: str) -> Optional[str]:
     recognises it (its suffix or text); None when that does not tell. A bare name is looked up
     among the shipped configs."""
     if not os.path.isfile(path):
-        found = [row.name for row in _TABLE.values()
+        found = [row.name for row in _table().values()
                  if row.config_folder and os.path.isfile(os.path.join(config_dir(row.name), path))]
         return found[0] if len(found) == 1 else None
     shipped = shipped_in(path)
@@ -151,7 +184,7 @@ def framework_of(path: str) -> Optional[str]:
         return shipped
     with open(path, encoding="utf-8", errors="replace") as f:
         text = f.read()
-    found = [row.name for row in _TABLE.values() if row.recognizes(path, text)]
+    found = [row.name for row in _table().values() if row.recognizes(path, text)]
     return found[0] if len(found) == 1 else None
 
 
@@ -194,33 +227,60 @@ def _shipped_names(name: str) -> List[str]:
     return list_configs(name) + [n for folder in config_folders(name) for n in list_configs(name, folder)]
 
 
-def _imports_detectron2(path: str, text: str) -> bool:
-    """A LazyConfig (.py importing detectron2 or our detectron2 adapter) or the config.yaml
-    tools/train_net.py saves."""
-    return path.endswith((".yaml", ".yml")) or ("detectron2" in text and "_base_" not in text) or bool(
-        re.search(r"^\s*(from|import)\s+(detectron2|srvit_backbones\.detectron2)", text, re.M))
+def _imports_detectron2(path: str, text: str, depth: int = 0) -> bool:
+    """A LazyConfig (.py importing detectron2 or our detectron2 adapter, itself or through the
+    configs it imports relatively) or the config.yaml tools/train_net.py saves."""
+    if path.endswith((".yaml", ".yml")) or ("detectron2" in text and "_base_" not in text) or re.search(
+            r"^\s*(from|import)\s+(detectron2|srvit_backbones\.detectron2)", text, re.M):
+        return True
+    for dots, module in re.findall(r"^from\s+(\.+)([\w.]*)\s+import", text, re.M) if depth < 8 else ():
+        folder = os.path.dirname(path)
+        for _ in range(len(dots) - 1):
+            folder = os.path.dirname(folder)
+        imported = os.path.join(folder, *module.split(".")) + ".py"
+        if os.path.isfile(imported):
+            with open(imported, encoding="utf-8", errors="replace") as f:
+                if _imports_detectron2(imported, f.read(), depth + 1):
+                    return True
+    return False
 
 
 def _mmengine_scope(scope: str) -> Callable[[str, str], bool]:
-    """An mmengine config of ``default_scope = scope``, written in it or inherited (read with
-    mmengine's Config when the text does not say)."""
+    """An mmengine config of ``default_scope = scope``, written in it or in the ``_base_`` files
+    it inherits from, else one that names ``scope`` (``mmseg.``, ``mmseg_configs``...)."""
 
     def recognizes(path: str, text: str) -> bool:
         if not path.endswith(".py") or _imports_detectron2(path, text):
             return False
-        said = re.search(r"^default_scope\s*=\s*['\"](\w+)['\"]", text, re.M)
-        if said:
-            return said.group(1) == scope
-        if re.search(rf"\b{scope}\b|{scope}_configs", text):
-            return True
-        try:
-            from mmengine.config import Config
-
-            return Config.fromfile(path).get("default_scope") == scope
-        except Exception:  # not an mmengine config, or mmengine is not installed
-            return False
+        said = _default_scope(path, text)
+        return said == scope if said else bool(re.search(rf"\b{scope}\b|{scope}_configs", text))
 
     return recognizes
+
+
+def _default_scope(path: str, text: str, depth: int = 0) -> Optional[str]:
+    """The ``default_scope`` an mmengine config sets or inherits through ``_base_`` (read as
+    text, so that telling a config's framework imports none); a ``_base_`` in a package's
+    configs (``'mmdet::_base_/default_runtime.py'``) stands for that package's scope."""
+    said = re.search(r"^default_scope\s*=\s*['\"](\w+)['\"]", text, re.M)
+    if said or depth > 8:
+        return said.group(1) if said else None
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_base_" for t in node.targets):
+            try:
+                bases = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            for base in [bases] if isinstance(bases, str) else bases:
+                if "::" in base:  # a file of an installed package's configs: 'mmdet::_base_/...'
+                    return base.split("::")[0]
+                base = os.path.join(os.path.dirname(path), base)
+                if os.path.isfile(base):
+                    with open(base, encoding="utf-8", errors="replace") as f:
+                        found = _default_scope(base, f.read(), depth + 1)
+                    if found:
+                        return found
+    return None
 
 
 register_framework("detectron2", "detection", "srvit_backbones.detectron2.adapter:Detectron2Adapter",

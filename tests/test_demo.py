@@ -13,7 +13,10 @@ from pycocotools import mask as mask_util
 import srvit_backbones.mmseg  # noqa: F401  (torch.load reads mmengine checkpoints)
 from srvit_backbones import create_srvit
 from srvit_backbones.amp import cpu_has_native_bf16
+from srvit_backbones.demo import say_on_image
 from srvit_backbones.detectron2 import add_srvit_config
+from srvit_backbones.frameworks import adapter
+from srvit_backbones.images import find_images
 from helpers import D2_QUICKSTART, ROOT, SEG_QUICKSTART, TEST_SIZE, load_tool, run, trained_detectron2, trained_mmseg
 
 LOW = 0.001  # a few-iteration detector scores low: draw (almost) everything it returns
@@ -36,6 +39,20 @@ def rgb(path):
 def d2_val_images(d2_run):
     folder = d2_run / "data" / "coco" / "val2017"
     return folder, sorted(os.listdir(folder))
+
+
+def d2_demo(d2_run, **kwargs):
+    """The detectron2 quickstart's demo at the run's size, as tools/demo.py builds it."""
+    from srvit_backbones.detectron2.demo import Detectron2Demo
+
+    cfg = adapter("detectron2").load_config(D2_QUICKSTART, TEST_SIZE)
+    return Detectron2Demo(cfg, str(d2_run / "out" / "model_final.pth"), **kwargs)
+
+
+def seg_demo(checkpoint, **kwargs):
+    from srvit_backbones.mmseg.demo import MMSegDemo
+
+    return MMSegDemo(adapter("mmseg").load_config(SEG_QUICKSTART), str(checkpoint), **kwargs)
 
 
 def test_detectron2_demo_draws_and_saves_coco_results(d2_run, tmp_path):
@@ -107,8 +124,7 @@ def test_score_threshold_is_the_lowest_score_returned(d2_run):
     for threshold in (LOW, "median"):
         if threshold == "median":
             threshold = float(scores[LOW].median())
-        detector = load_tool("demo").Detectron2Demo(D2_QUICKSTART, str(d2_run / "out" / "model_final.pth"),
-                                              score_threshold=threshold, opts=TEST_SIZE)
+        detector = d2_demo(d2_run, score_threshold=threshold)
         scores[threshold] = detector.predict(str(folder / names[0]))[1].scores
         assert len(scores[threshold]) and (scores[threshold] > threshold).all()
     low, median = scores.values()
@@ -119,17 +135,18 @@ def test_a_picture_with_nothing_above_the_threshold_says_so(d2_run, tmp_path, ca
     """At a threshold no detection passes (scores are at most 1), the picture is the image with
     the reason written across its top, in white on black, and the tool names the images; one
     with detections carries no such band."""
-    demo = load_tool("demo")
     folder, names = d2_val_images(d2_run)
     image = rgb(folder / names[0])
     for threshold, out in ((1.0, tmp_path / "none"), (LOW, tmp_path / "low")):
-        demo.run(demo.parse_args([D2_QUICKSTART, "--checkpoint", str(d2_run / "out" / "model_final.pth"), "--input",
-                                  str(folder / names[0]), "--output", str(out), "--score-threshold", str(threshold),
-                                  "--opts", *TEST_SIZE]))
+        load_tool("demo").main([D2_QUICKSTART, "--checkpoint", str(d2_run / "out" / "model_final.pth"), "--input",
+                                str(folder / names[0]), "--output", str(out), "--score-threshold", str(threshold),
+                                "--opts", *TEST_SIZE])
     message = "no detection scores above 1: lower --score-threshold to see weaker ones"
-    assert capsys.readouterr().out.strip() == f"1 of 1 images: {message} ({names[0]})"
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == f"1 of 1 images: {message} ({names[0]})"
+    assert not any("images: no detection" in line for line in printed[1:])  # the LOW run drew something
     picture = rgb(tmp_path / "none" / names[0].replace(".jpg", ".png"))
-    assert np.array_equal(picture, demo.say_on_image(image, message))
+    assert np.array_equal(picture, say_on_image(image, message))
     band = (picture != image).any(-1).any(-1).nonzero()[0]
     assert band[0] == 0 and 10 < band[-1] + 1 < image.shape[0] // 2  # a few lines at the top, the rest untouched
     assert np.array_equal(picture[band[-1] + 1:], image[band[-1] + 1:])
@@ -173,7 +190,7 @@ def test_segmentor_checkpoint_without_dataset_meta_takes_the_configs_classes(seg
     saved = torch.load(seg_run / "work" / "iter_4.pth", map_location="cpu", weights_only=True)
     assert saved["meta"]["dataset_meta"]["classes"] == ADE20KDataset.METAINFO["classes"]
     torch.save({"state_dict": saved["state_dict"]}, tmp_path / "weights.pth")
-    segmentor = load_tool("demo").MMSegDemo(SEG_QUICKSTART, str(tmp_path / "weights.pth"))
+    segmentor = seg_demo(tmp_path / "weights.pth")
     ade20k = {k: ADE20KDataset.METAINFO[k] for k in ("classes", "palette")}
     assert segmentor.inferencer.model.dataset_meta == ade20k
     segmentor.predict(str(next((seg_run / "datasets" / "ade" / "ADEChallengeData2016" / "images" / "validation")
@@ -184,15 +201,13 @@ def test_segmentor_checkpoint_without_dataset_meta_takes_the_configs_classes(seg
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16 (AVX512-BF16 or AMX)")
 def test_amp_on_the_cpu_runs_bf16(d2_run, seg_run):
     """--amp: the backbones' matrix products run in bf16; what the demo returns is float32 and drawable."""
-    demo = load_tool("demo")
     folder, names = d2_val_images(d2_run)
     dtypes = []
 
     def record(module, inputs, output):
         dtypes.append(output.dtype)
 
-    detector = demo.Detectron2Demo(D2_QUICKSTART, str(d2_run / "out" / "model_final.pth"), amp=True,
-                                   score_threshold=LOW, opts=TEST_SIZE)
+    detector = d2_demo(d2_run, amp=True, score_threshold=LOW)
     detector.predictor.model.backbone.net.srvit.units[1].blocks[0].attn.qkv.register_forward_hook(record)
     drawn, instances = detector.predict(str(folder / names[0]))
     assert dtypes and set(dtypes) == {torch.bfloat16}
@@ -200,7 +215,7 @@ def test_amp_on_the_cpu_runs_bf16(d2_run, seg_run):
     assert drawn.shape == rgb(folder / names[0]).shape
 
     dtypes.clear()
-    segmentor = demo.MMSegDemo(SEG_QUICKSTART, str(seg_run / "work" / "iter_4.pth"), amp=True)
+    segmentor = seg_demo(seg_run / "work" / "iter_4.pth", amp=True)
     segmentor.inferencer.model.backbone.srvit.units[1].blocks[0].attn.qkv.register_forward_hook(record)
     path = next((seg_run / "datasets" / "ade" / "ADEChallengeData2016" / "images" / "validation").iterdir())
     drawn, labels = segmentor.predict(str(path))
@@ -261,13 +276,30 @@ def bad_inputs(d2_run, seg_run, tmp_path):
         "yacs config": ([str(tmp_path / "yacs.yaml"), "--checkpoint", d2_ckpt, "--input", images, *out],
                         r"yacs.yaml is not a detectron2 LazyConfig \(it has no 'model'; a yacs config\?\)"),
         "config of neither framework": ([str(tmp_path / "neither.py"), "--checkpoint", d2_ckpt, "--input", images,
-                                         *out], "pass --framework detectron2, mmseg or mmdet"),
+                                         *out], r"cannot tell which framework .* is for \(detectron2, mmdet, "
+                                                r"mmseg\): pass --framework"),
     }
 
 
 CASES = ["missing checkpoint", "not a checkpoint", "no images", "missing input", "detector of another size",
          "pretraining checkpoint for a detector", "detector checkpoint for a segmentor", "segmentor of another width",
          "unknown config", "yacs config", "config of neither framework"]
+
+
+def test_inputs_are_found_as_each_tool_documents(tmp_path, monkeypatch):
+    """srvit_backbones.images.find_images: the demo searches folders recursively, visualize_mixture
+    and merge_fidelity (recursive=False) take a folder's own images; a file named is taken as it
+    is, a glob keeps the images it matches (any depth with **); sorted absolute paths, each once."""
+    for name in ("b.jpg", "a.PNG", "notes.txt", "sub/c.jpeg", "sub/deeper/d.webp", "sub/e.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    top = [str(tmp_path / n) for n in ("a.PNG", "b.jpg")]
+    every = top + [str(tmp_path / n) for n in ("sub/c.jpeg", "sub/deeper/d.webp")]
+    assert find_images(["."]) == every
+    assert find_images(["."], recursive=False) == top
+    assert find_images(["**/*", "b.jpg", "notes.txt"]) == sorted(every + [str(tmp_path / "notes.txt")])
+    assert find_images(["sub/*"], recursive=False) == [str(tmp_path / "sub" / "c.jpeg")]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from detectron2.config import LazyConfig, get_cfg, instantiate
+from detectron2.engine import hooks
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import build_model
 from detectron2.structures import BitMasks, Instances
@@ -22,7 +23,7 @@ from omegaconf import OmegaConf
 import srvit_backbones
 from srvit_backbones import CheckpointError, create_srvit, load_pretrained
 from srvit_backbones.detectron2 import (SRViTBackbone, SRViTCheckpointer, add_srvit_config, srvit_optimizer_params,
-                                        validate_config)
+                                        train_net, validate_config)
 from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.srvit import resize_pos_embed
 from srvit_backbones.models.attention import RelPosAttention
@@ -369,6 +370,11 @@ def test_checkpoint_of_another_width_or_t_is_a_clear_error(tmp_path):
 
 
 # ----------------------------------------------------------------------------- end to end
+def train_net_args(argv):
+    """``argv`` parsed as tools/train_net.py parses its command line."""
+    return load_tool("train_net").parse_args(argv)
+
+
 def run_train_net(tmp_path, *args, config=QUICKSTART, num_gpus=1, timeout=600):
     env = dict(os.environ, DETECTRON2_DATASETS=str(tmp_path / "data"), OMP_NUM_THREADS="1")
     cmd = [sys.executable, os.path.join(ROOT, "tools", "train_net.py"), "--config", config,
@@ -456,10 +462,9 @@ def test_resume_restores_the_checkpointed_state(coco_root, trained, tmp_path):
     shutil.copy(os.path.join(trained, name), tmp_path)
     (tmp_path / "last_checkpoint").write_text(name)
     ckpt = torch.load(tmp_path / name, map_location="cpu", weights_only=True)
-    train_net = load_tool("train_net")
-    args = train_net.parse_args(["--config", QUICKSTART, "--resume", f"train.output_dir={tmp_path}", *COMMON,
-                                 "train.max_iter=16", "train.eval_period=1000", "train.checkpointer.period=1000",
-                                 *in_process_data(coco_root)])
+    args = train_net_args(["--config", QUICKSTART, "--resume", f"train.output_dir={tmp_path}", *COMMON,
+                           "train.max_iter=16", "train.eval_period=1000", "train.checkpointer.period=1000",
+                           *in_process_data(coco_root)])
     cfg = train_net.load_config(args)
     trainer, start_iter = train_net.build_trainer(args, cfg)
 
@@ -473,7 +478,7 @@ def test_resume_restores_the_checkpointed_state(coco_root, trained, tmp_path):
     for key in ("step", "exp_avg", "exp_avg_sq"):
         assert torch.equal(optim.state[router][key], saved["state"][index][key]), key
 
-    best = train_net.hooks.LRScheduler.get_best_param_group_id(optim)
+    best = hooks.LRScheduler.get_best_param_group_id(optim)
     trainer.train(start_iter, cfg.train.max_iter)
     lr_at = {it: lr for lr, it in trainer.storage.history("lr").values()}
     assert lr_at[MID + 1] == saved["param_groups"][best]["lr"]
@@ -487,10 +492,9 @@ def test_a_diverged_run_stops_at_once_naming_the_last_checkpoint(coco_root, tmp_
     """A real divergence (lr 1e6, a checkpoint every iteration): detectron2's own check stops the
     run, re-raised naming the iteration, the last checkpoint (complete, finite) and the fixes; the
     diverged iteration is not saved."""
-    train_net = load_tool("train_net")
-    args = train_net.parse_args(["--config", QUICKSTART, f"train.output_dir={tmp_path}", *COMMON, "train.max_iter=8",
-                                 "train.eval_period=1000", "train.checkpointer.period=1", "optimizer.lr=1e6",
-                                 *in_process_data(coco_root)])
+    args = train_net_args(["--config", QUICKSTART, f"train.output_dir={tmp_path}", *COMMON, "train.max_iter=8",
+                           "train.eval_period=1000", "train.checkpointer.period=1", "optimizer.lr=1e6",
+                           *in_process_data(coco_root)])
     with pytest.raises(FloatingPointError, match="diverged") as error:
         train_net.do_train(args, train_net.load_config(args))
     iteration, last = divergence_report(str(error.value))
@@ -546,10 +550,9 @@ def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(coco_root, tra
     shutil.copy(os.path.join(trained, "model_final.pth"), final)
     (tmp_path / "last_checkpoint").write_text("model_final.pth")
     saved = final.read_bytes()
-    train_net = load_tool("train_net")
-    args = train_net.parse_args(["--config", QUICKSTART, "--resume", f"train.output_dir={tmp_path}", *COMMON,
-                                 "train.max_iter=17", "train.eval_period=1000", "train.checkpointer.period=1000",
-                                 *in_process_data(coco_root)])
+    args = train_net_args(["--config", QUICKSTART, "--resume", f"train.output_dir={tmp_path}", *COMMON,
+                           "train.max_iter=17", "train.eval_period=1000", "train.checkpointer.period=1000",
+                           *in_process_data(coco_root)])
     trainer, start_iter = train_net.build_trainer(args, train_net.load_config(args))
     with file_size_limit(len(saved) // 2), pytest.raises(OSError, match=rf"'{re.escape(str(final))}' was not "
                                                                         r"written: File too large"):
@@ -569,9 +572,8 @@ def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(coco_root, tra
 
 def test_eval_only_loads_model_final(trained):
     final = os.path.join(trained, "model_final.pth")
-    train_net = load_tool("train_net")
-    args = train_net.parse_args(["--config", QUICKSTART, "--eval-only", f"train.output_dir={trained}", *COMMON,
-                                 f"train.init_checkpoint={final}"])
+    args = train_net_args(["--config", QUICKSTART, "--eval-only", f"train.output_dir={trained}", *COMMON,
+                           f"train.init_checkpoint={final}"])
     model = train_net.build_eval_model(train_net.load_config(args))
     assert_same_tensors(model.state_dict(), torch.load(final, map_location="cpu", weights_only=True)["model"])
 
@@ -592,14 +594,13 @@ def test_partial_pretraining_checkpoint_needs_opt_in(coco_root, tmp_path):
     partial = {k: v for k, v in core.state_dict().items() if not k.startswith("units.2.")}
     path = str(tmp_path / "partial.pth")
     torch.save({"model": partial, "epoch": 1}, path)
-    train_net = load_tool("train_net")
     argv = ["--config", QUICKSTART, f"train.output_dir={tmp_path}", f"train.init_checkpoint={path}",
             *in_process_data(coco_root)]
-    args = train_net.parse_args(argv)
+    args = train_net_args(argv)
     with pytest.raises(CheckpointError, match="units.2"):
         train_net.build_trainer(args, train_net.load_config(args))
 
-    args = train_net.parse_args(argv + ["model.backbone.net.allow_partial=True"])
+    args = train_net_args(argv + ["model.backbone.net.allow_partial=True"])
     trainer, _ = train_net.build_trainer(args, train_net.load_config(args))
     loaded = trainer.model.backbone.net.srvit.state_dict()
     for k, v in partial.items():
@@ -657,11 +658,10 @@ def test_fine_tuning_loads_all_but_the_class_layers_and_refuses_foreign_files(co
     allow_partial."""
     final = os.path.join(trained, "model_final.pth")
     saved = torch.load(final, map_location="cpu", weights_only=True)["model"]
-    train_net = load_tool("train_net")
 
     def trainer(*opts):
-        args = train_net.parse_args(["--config", QUICKSTART, *custom_coco, f"train.output_dir={tmp_path}",
-                                     *CUSTOM_SIZE, *opts])
+        args = train_net_args(["--config", QUICKSTART, *custom_coco, f"train.output_dir={tmp_path}",
+                               *CUSTOM_SIZE, *opts])
         return train_net.build_trainer(args, train_net.load_config(args))[0]
 
     model = trainer(f"train.init_checkpoint={final}").model.state_dict()
@@ -769,10 +769,10 @@ def test_two_machines_train_as_one_and_a_killed_rank_ends_the_job(coco_root, tmp
     ("model.backbone.net.compile={mood:fast}", ValueError, r"compile=\{'mood': 'fast'\}: .*'mood'.*torch.compile's"),
 ])
 def test_train_net_bad_input_is_explained(tmp_path, override, error, match):
-    train_net = load_tool("train_net")
-    args = train_net.parse_args(["--config", QUICKSTART, f"train.output_dir={tmp_path}", override])
+    tool = load_tool("train_net")  # its parser and main, as launch runs them
+    args = tool.parse_args(["--config", QUICKSTART, f"train.output_dir={tmp_path}", override])
     with pytest.raises(error, match=match):
-        train_net.main(args)
+        tool.main(args)
 
 
 # ----------------------------------------------------------------------------- ViTDet window attention (_win)
@@ -1122,10 +1122,9 @@ def test_an_lvis_config_on_a_coco_file_is_explained(coco_root, lvis_names):
     coco_json = str(coco_root / "data" / "coco" / "annotations" / "instances_val2017.json")
     with pytest.raises(LVISFormatError, match=r"80 of its 80 categories \('person', id 1\) lack the 'frequency' field"):
         check_lvis_annotations(coco_json)
-    train_net = load_tool("train_net")
     coco_names = in_process_data(coco_root)
-    args = train_net.parse_args(["--config", "lvis/mask_rcnn_srvit_s_t3.py", "train.device=cpu", "train.amp.enabled=False",
-                                 lvis_names[0], coco_names[1]])
+    args = train_net_args(["--config", "lvis/mask_rcnn_srvit_s_t3.py", "train.device=cpu", "train.amp.enabled=False",
+                           lvis_names[0], coco_names[1]])
     with pytest.raises(SystemExit, match=r"dataloader.test.dataset.names='srvit_synthetic_coco_val_\d+': its file .* "
                                          r"lack the 'frequency' field .*lvis_v1_train.json / lvis_v1_val.json"):
         train_net.check_config(train_net.load_config(args))
@@ -1141,12 +1140,12 @@ COMPILED_TINY = [o for o in TINY if not o.startswith(("model.backbone.net.img_si
 
 def _compiled_ddp_worker(rank):
     from detectron2.engine import SimpleTrainer
+    from detectron2.engine.defaults import create_ddp_model
 
     from srvit_backbones.detectron2 import training
     from srvit_backbones.detectron2.benchmark import synthetic_detection_batch
     from helpers import assert_compiled_training_equals_eager
 
-    train_net = load_tool("train_net")
     batch = synthetic_detection_batch(1, 96, seed=rank)  # each rank its own image
 
     def train(compile):
@@ -1154,7 +1153,7 @@ def _compiled_ddp_worker(rank):
         cfg.model.backbone.net.compile = compile
         torch.manual_seed(0)
         model = training.build_model(cfg)
-        ddp = train_net.create_ddp_model(model, **train_net.ddp_kwargs(cfg))  # as tools/train_net.py wraps it
+        ddp = create_ddp_model(model, **train_net.ddp_kwargs(cfg))  # as tools/train_net.py wraps it
         losses = []
         model.register_forward_hook(lambda module, inputs, loss_dict: losses.append(sum(loss_dict.values()).item()))
         SimpleTrainer(ddp, iter([batch] * 2), training.build_optimizer(cfg, model)).train(0, 2)

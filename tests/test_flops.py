@@ -1,5 +1,6 @@
 """tools/count_flops.py reproduces the paper's Table 2 at 224x224 and Table 4 (whole detectors
-at 1024x1024, whole segmentors at 512x512)."""
+at 1024x1024, whole segmentors at 512x512): the counts of ``srvit_backbones.flops``, the rows of
+``srvit_backbones.flops_table`` and each adapter's ``<framework>/flops.py``."""
 import json
 from decimal import ROUND_HALF_UP, Decimal
 
@@ -146,13 +147,16 @@ def test_count_flops_reproduces_table4(task, capsys):
 
 def test_count_flops_takes_a_config_folder_and_subfolder_names(monkeypatch):
     """`--configs cascade/` stands for the folder's configs and `lvis/NAME.py` names one; the top
-    folder's Mask R-CNN configs stay the default (Table 4). What each path measures is the Table 4
-    test's; here only which paths are measured (the measuring replaced by a recorder)."""
+    folder's Mask R-CNN configs stay the default (Table 4), counted by the task's first framework
+    in the table. What each path measures is the Table 4 test's; here only which paths are
+    measured (the adapter's count replaced by a recorder)."""
     import srvit_backbones
+    from srvit_backbones.flops_table import config_name
 
     tool = load_tool("count_flops")
     measured = []
-    monkeypatch.setattr(tool, "measure_detector", lambda path, *_: measured.append(path) or dict(model=path))
+    monkeypatch.setattr(srvit_backbones.adapter("detectron2"), "count_flops",
+                        lambda path, *_: measured.append(path) or dict(model=path))
     tool.table4_rows(tool.parse_args(["--task", "detection", "--configs", "cascade/", "lvis/mask_rcnn_srvit_s_t3.py"]))
     expected = srvit_backbones.list_configs("detectron2", "cascade") + ["lvis/mask_rcnn_srvit_s_t3.py"]
     assert measured == [srvit_backbones.resolve_config("detectron2", n) for n in expected] and len(expected) == 5
@@ -163,14 +167,16 @@ def test_count_flops_takes_a_config_folder_and_subfolder_names(monkeypatch):
         tool.table4_rows(tool.parse_args(["--task", "detection", "--configs", "common/"]))
     with pytest.raises(SystemExit, match=r"in the folders cascade/, lvis/, .*name them as FOLDER/NAME.py"):
         tool.table4_rows(tool.parse_args(["--task", "detection", "--configs", "cascade_mask_rcnn_srvit_s_t3.py"]))
+    with pytest.raises(SystemExit, match=r"^--framework mmdet has no segmentation configs; choose mmseg$"):
+        tool.table4_rows(tool.parse_args(["--task", "segmentation", "--framework", "mmdet"]))
     # rows name a subfolder's configs with their folder: cascade/ and lvis/ hold configs of one name
-    names = {framework: [tool.config_name(srvit_backbones.resolve_config(framework, n))
+    names = {framework: [config_name(srvit_backbones.resolve_config(framework, n))
                          for n in [*srvit_backbones.list_configs(framework, "cascade"),
                                    *srvit_backbones.list_configs(framework, "lvis")]]
              for framework in ("detectron2", "mmdet")}
     assert names["detectron2"][0] == "cascade/cascade_mask_rcnn_deit_s_win" and "lvis/mask_rcnn_srvit_s_t3_lsj" in names["mmdet"]
     assert all(len(set(n)) == len(n) == 12 for n in names.values())
-    assert tool.config_name(srvit_backbones.resolve_config("mmseg", "upernet_srvit_s.py")) == "upernet_srvit_s"
+    assert config_name(srvit_backbones.resolve_config("mmseg", "upernet_srvit_s.py")) == "upernet_srvit_s"
 
 
 def test_shortcut_counts_equal_one_trace_of_the_whole_model(tmp_path, capsys):
@@ -180,6 +186,8 @@ def test_shortcut_counts_equal_one_trace_of_the_whole_model(tmp_path, capsys):
     detectors that share their heads, one with global attention and one windowed, and a third
     with other heads; a segmentor that prunes its last block; a classifier."""
     import srvit_backbones
+    from srvit_backbones.detectron2.flops import count_detector
+    from srvit_backbones.flops import Counted
 
     tool = load_tool("count_flops")
     other_heads = tmp_path / "mask_rcnn_tiny_one_box_conv.py"
@@ -191,8 +199,8 @@ def test_shortcut_counts_equal_one_trace_of_the_whole_model(tmp_path, capsys):
         "model.roi_heads.box_head.conv_dims = [64]\n")
     detectors = [srvit_backbones.resolve_config("detectron2", f"quickstart/mask_rcnn_srvit_tiny{win}_cpu.py")
                  for win in ("", "_win")] + [str(other_heads)]
-    counted = tool.Counted()
-    fast = [tool.measure_detector(path, counted) for path in detectors]
+    counted = Counted()
+    fast = [count_detector(path, counted) for path in detectors]
     assert len(counted.heads) == 2  # the windowed detector's heads are the global one's
     assert fast == tool.main(["--task", "detection", "--configs", *detectors, "--json", "--plain"])
 

@@ -1,13 +1,13 @@
-"""tools/gpu_check.py: without CUDA it runs the device-branch check with the GPU's choices
-forced on the CPU and exits 0; every check's code runs on the CPU at a small size, the way
-it runs on a GPU (the frameworks' AMP paths aside, which need CUDA): one run of all of them,
-read by the tests below."""
+"""tools/gpu_check.py (``srvit_backbones.benchmark.gpu_check``): without CUDA it runs the
+device-branch check with the GPU's choices forced on the CPU and exits 0; every check's code
+runs on the CPU at a small size, the way it runs on a GPU (the frameworks' AMP paths aside,
+which need CUDA): one run of all of them, read by the tests below."""
 import json
 
 import pytest
 import torch
 
-from srvit_backbones.benchmark import devices, model_flops_utilisation, peak_tflops
+from srvit_backbones.benchmark import devices, gpu_check, model_flops_utilisation, peak_tflops
 from srvit_backbones.models import rel_pos
 from helpers import load_tool
 
@@ -15,8 +15,8 @@ from helpers import load_tool
 def run_checks(tmp_path_factory, checks):
     """``--device cpu --size 64 --checks CHECKS`` (a T-T2 backbone for (f) and (g), (g) through
     aot_eager, the throughput runs (d) and (g) at 32 px, bf16 where the checks autocast; the
-    benchmark's peak-memory processes, tested in test_performance_tools.py, left out): (the tool,
-    its JSON)."""
+    benchmark's peak-memory processes, tested in test_performance_tools.py, left out), through the
+    tool's main as a user runs it: its JSON."""
     from srvit_backbones import amp
 
     tool = load_tool("gpu_check")
@@ -28,7 +28,7 @@ def run_checks(tmp_path_factory, checks):
                           "--no-peak-memory", "--checks", *checks, "--output", str(output)])
     result = json.loads(output.read_text())
     assert code == 0, {name: check.get("error") for name, check in result["checks"].items()}
-    return tool, result
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -54,18 +54,17 @@ def assert_checks_ran_on_the_cpu(result, checks):
 
 
 def test_every_check_runs_on_the_cpu_and_records_the_machine(every_check):
-    assert_checks_ran_on_the_cpu(every_check[1], "abcdef")  # (g): in the compile check's test
+    assert_checks_ran_on_the_cpu(every_check, "abcdef")  # (g): in the compile check's test
 
 
 def test_the_detectors_run_through_detectron2s_trainer_beside_vitdet_b(every_check):
     """(a) both detectors through detectron2's trainer, ViTDet-B in the same run as the anchor."""
-    tool, result = every_check
-    check = result["checks"]["a"]
+    check = every_check["checks"]["a"]
     detectors = check["rows"]
-    assert [row["config"] for row in detectors] == [tool.VITDET_B, *tool.DETECTORS]
+    assert [row["config"] for row in detectors] == [gpu_check.VITDET_B, *gpu_check.DETECTORS]
     assert all(row["trainer"] == "SimpleTrainer" and row["s_per_iter"] > 0 and len(row["times_s"]) == 1
                and row["size"] == 64 and torch.isfinite(torch.tensor(row["total_loss"])) for row in detectors)
-    assert check["reference"] == dict(measured=tool.VITDET_B, s_per_iter=detectors[0]["s_per_iter"],
+    assert check["reference"] == dict(measured=gpu_check.VITDET_B, s_per_iter=detectors[0]["s_per_iter"],
                                       peak_memory_gb=None)
     assert "vs_vitdet_b" not in detectors[0] and all(row["vs_vitdet_b"]["s_per_iter_ratio"] > 0 for row in detectors[1:])
 
@@ -73,12 +72,15 @@ def test_the_detectors_run_through_detectron2s_trainer_beside_vitdet_b(every_che
 def test_without_mmseg_the_segmentor_check_is_skipped_with_the_reason_and_the_run_passes(tmp_path, monkeypatch):
     """A GPU machine without mmcv's ops or mmseg: (b) says why it did not run, and the exit code
     is 0 (``import mmseg`` made to fail as it fails there)."""
+    import importlib
     import sys
 
     for name in [n for n in sys.modules if n.split(".")[0] == "mmseg"] or ["mmseg"]:
         monkeypatch.setitem(sys.modules, name, None)
-    for name in ("srvit_backbones.mmseg", "srvit_backbones.mmseg.benchmark"):
+    for name in ("srvit_backbones.mmseg", "srvit_backbones.mmseg.adapter", "srvit_backbones.mmseg.benchmark"):
         monkeypatch.delitem(sys.modules, name, raising=False)
+    table = importlib.import_module("srvit_backbones.frameworks")  # the package exports its frameworks()
+    monkeypatch.delitem(table._ADAPTERS, "mmseg", raising=False)  # built anew, as a fresh process builds it
     output = tmp_path / "check.json"
     assert load_tool("gpu_check").main(["--device", "cpu", "--checks", "b", "--output", str(output)]) == 0
     check = json.loads(output.read_text())["checks"]["b"]
@@ -89,7 +91,7 @@ def test_without_mmseg_the_segmentor_check_is_skipped_with_the_reason_and_the_ru
 def test_the_segmentor_and_pretraining_steps(every_check):
     """(b) the mmseg step through its optim wrapper (fp32 on the CPU), (c) a pretraining step
     with --amp: bf16 inside the model, no GradScaler."""
-    checks = every_check[1]["checks"]
+    checks = every_check["checks"]
     assert checks["b"]["optim_wrapper"] == "OptimWrapper" and torch.isfinite(torch.tensor(checks["b"]["loss"]))
     assert (checks["b"]["size"], checks["b"]["images"]) == (64, 2)
     assert checks["c"]["autocast_dtype"] == "bfloat16" and checks["c"]["grad_scaler"] is False
@@ -101,7 +103,7 @@ def test_the_throughput_rows_pair_srvit_with_deit_and_its_same_depth_vit_with_mf
     from srvit_backbones import create_srvit
     from srvit_backbones.flops import count_flops
 
-    throughput = every_check[1]["checks"]["d"]
+    throughput = every_check["checks"]["d"]
     assert throughput["command"].startswith("python tools/benchmark.py --model srvit_s_t3 --size 32")
     assert [row["model"] for row in throughput["rows"]] == ["srvit_s_t3", "deit_small_patch16_224", "timm ViT depth=32"]
     assert all(row["img_per_s"] > 0 and row["peak_tflops"] == "unknown" and row["mfu"] is None
@@ -120,7 +122,7 @@ def test_the_throughput_rows_pair_srvit_with_deit_and_its_same_depth_vit_with_mf
 
 
 def test_the_branch_check_compares_the_gpus_kernel_choices(every_check):
-    rows = every_check[1]["checks"]["e"]["rows"]
+    rows = every_check["checks"]["e"]["rows"]
     assert {row["case"].rsplit(", ", 1)[1] for row in rows} == {"padded_windows", "windows", "global"}
     assert all(row["ok"] and row["max_abs_diff"] <= 1e-5 for row in rows)
 
@@ -128,7 +130,7 @@ def test_the_branch_check_compares_the_gpus_kernel_choices(every_check):
 def test_the_backbone_check_pairs_each_variant_with_both_anchors(every_check):
     """(f): global and windowed, inference and training step, each paired with timm's ViT and
     detectron2's ViTDet of the same applications."""
-    backbone = every_check[1]["checks"]["f"]
+    backbone = every_check["checks"]["f"]
     pairs = {(c["a"], c["b"]) for c in backbone["paired"]}
     for mode in ("infer", "train"):
         for variant in ("global", "win"):
@@ -142,8 +144,8 @@ def test_the_compile_check_pairs_compiled_with_eager_and_counts_graph_breaks(com
     """(g): the benchmark's --compile both at --throughput-size and windowed at --size, inference
     and training step: compiled / eager paired, the compiling step and compile time apart, no
     graph break; the 1.2x target is read on a GPU only."""
-    assert_checks_ran_on_the_cpu(compile_check[1], "g")
-    check = compile_check[1]["checks"]["g"]
+    assert_checks_ran_on_the_cpu(compile_check, "g")
+    check = compile_check["checks"]["g"]
     rows = check["rows"]
     assert [(r["model"], r["size"], r["batch_size"]) for r in rows] == [
         ("srvit_t_t2 infer bf16", 32, 1), ("srvit_t_t2 train bf16", 32, 1),

@@ -33,7 +33,7 @@ from mmengine.structures import InstanceData
 
 import srvit_backbones
 import srvit_backbones.mmdet  # noqa: F401  (registers SRViT, SimpleFeaturePyramid, ...)
-from srvit_backbones import CheckpointError, create_srvit
+from srvit_backbones import CheckpointError, create_srvit, curves
 from srvit_backbones.detectron2 import SRViTBackbone as D2Backbone, SRViTCheckpointer, srvit_optimizer_params
 from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.rel_pos import is_rel_pos
@@ -658,28 +658,29 @@ def test_det_inferencer_and_inference_detector(coco_root, trained):
 
 
 def test_demo_and_plot_curves_read_mmdet(coco_root, trained, tmp_path, monkeypatch, capsys):
+    from srvit_backbones.demo import relative_names, run_demo
+    from srvit_backbones.frameworks import adapter
+    from srvit_backbones.images import find_images
+
     work, _ = trained
     monkeypatch.chdir(coco_root)  # the config's data_root (datasets/coco/) names the annotation file
-    demo = load_tool("demo")
-    images = str(coco_root / "datasets" / "coco" / "val2017")
+    framework = adapter("mmdet")  # the demo as tools/demo.py builds and runs it
+    images = find_images([str(coco_root / "datasets" / "coco" / "val2017")])
     opts = [o for o in SMALL if o.startswith(("model.", "test_dataloader."))]
-    drawn, raw = demo.run(demo.parse_args([QUICKSTART, "--checkpoint", os.path.join(work, f"iter_{ITERS}.pth"),
-                                           "--input", images, "--output", str(tmp_path / "demo"), "--save-raw",
-                                           "--score-threshold", "0.05", "--opts", *opts]))
+    demo_model = framework.build_demo(framework.load_config(QUICKSTART, opts), os.path.join(work, f"iter_{ITERS}.pth"),
+                                      score_threshold=0.05)
+    drawn, raw, _ = run_demo(demo_model, images, relative_names(images), str(tmp_path / "demo"), save_raw=True)
     assert len(drawn) == 4 and all(os.path.getsize(p) > 0 for p in drawn)
     results = json.load(open(raw[0]))
     annotations = json.load(open(coco_root / "datasets" / "coco" / "annotations" / "instances_val2017.json"))
     dataset_ids = {c["name"]: c["id"] for c in annotations["categories"]}
     assert results and {r["category_id"] for r in results} <= set(dataset_ids.values())
     assert all(r["score"] > 0.05 and len(r["bbox"]) == 4 and "counts" in r["segmentation"] for r in results)
-    demo_model = demo.build_demo(demo.parse_args([QUICKSTART, "--checkpoint", os.path.join(work, f"iter_{ITERS}.pth"),
-                                                  "--input", images, "--output", str(tmp_path), "--opts", *opts]))
     classes = demo_model.inferencer.model.dataset_meta["classes"]  # labels map to the annotation file's ids by name
     assert [demo_model.category_ids[classes.index(n)] for n in ("sports ball", "tv", "kite")] == [37, 72, 38]
 
-    plot = load_tool("plot_curves")
-    framework, records = plot.read_records(plot.find_files(work))
-    panels = plot.series(framework, records)
+    framework, records = curves.read_records(curves.find_files(work))
+    panels = curves.series(framework, records)
     assert framework == "mmdet" and set(panels["metric"]) == {"coco/bbox_mAP", "coco/segm_mAP"}
     assert "loss_rpn_cls" in panels["loss"] and len(panels["lr"]["lr"]) >= ITERS // 5
     # drawn as detectron2's and mmseg's: the evaluation at its iteration, AP in percent ...
@@ -697,10 +698,10 @@ def test_demo_and_plot_curves_read_mmdet(coco_root, trained, tmp_path, monkeypat
     # a run logged by epoch (mmdet's default LoggerHook): its evaluation at step 0, drawn at the
     # iteration it followed
     by_epoch = [dict(r, step=0) if r is evaluation else r for r in records]
-    assert plot.series(framework, by_epoch)["metric"] == panels["metric"]
+    assert curves.series(framework, by_epoch)["metric"] == panels["metric"]
     assert f"drawn at iteration {ITERS}" in capsys.readouterr().out
     out = str(tmp_path / "curves.png")
-    plot.main([work, "--output", out])
+    load_tool("plot_curves").main([work, "--output", out])
     assert os.path.getsize(out) > 0
 
 
@@ -987,7 +988,8 @@ def test_an_lvis_metric_among_several_evaluators_is_checked(coco_root, lvis_root
     """test_det.py --out on an LVIS config (mmdet's DumpDetResults joins the LVISMetric) checks the
     metric's file as without --out, and a config whose test_evaluator is a list of metrics has its
     LVISMetric's file checked, named by its place in the list."""
-    from srvit_backbones.mmdet.tools import check_data
+    from srvit_backbones.mmdet.tools import check_data, load_config
+    from srvit_backbones.openmmlab.entry import parse_test_args
 
     coco_json = str(coco_root / "datasets" / "coco" / "annotations" / "instances_val2017.json")
     data = [f"test_dataloader.dataset.data_root={lvis_root / 'coco'}/",
@@ -999,7 +1001,7 @@ def test_an_lvis_metric_among_several_evaluators_is_checked(coco_root, lvis_root
                                          r".* lack the 'frequency' field"):
         test_det.main(argv + [f"test_evaluator.ann_file={coco_json}"])
 
-    cfg = test_det.load_config(test_det.parse_args(argv))
+    cfg = load_config(parse_test_args("mmdet", argv))
     for ann_file, error in ((lvis_json(lvis_root, "val"), None), (coco_json, r"^test_evaluator.1.ann_file: .* lack")):
         cfg.test_evaluator = [dict(type="DumpDetResults", out_file_path=str(tmp_path / "results.pkl")),
                               dict(type="LVISMetric", ann_file=ann_file)]

@@ -409,20 +409,23 @@ def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(seg_root, tmp_pat
 
 
 def test_torchrun_on_cpus_two_machines_train_as_one_and_a_killed_rank_ends_the_job(seg_root, tmp_path):
-    """tools/train_seg.py's own distributed path (torchrun ... --launcher pytorch, gloo), which
-    mmengine's init_dist cannot start without a GPU: as 2 machines x 1 process on 127.0.0.1 and as
-    1 machine x 2 processes, side by side, the same 2 steps from the same seed give the same
-    weights. Then machine 1's worker is SIGKILLed: both torchruns exit non-zero within 120 s, no
-    worker is left, machine 1's names rank 1 and the signal, and iter_2.pth is as it was written.
-    (The 1 x 2 run is stopped at its iter_2.pth.)"""
+    """The distributed path (torchrun ... --launcher pytorch, gloo), which mmengine's init_dist
+    cannot start without a GPU, of both scripts users run: tools/train_seg.py as 2 machines x 1
+    process on 127.0.0.1 and mmseg's own tools/train.py (what ``mim train mmseg`` runs; the
+    config's ``runner_type='SRViTRunner'``; without it, "Found no NVIDIA driver") as 1 machine x 2
+    processes, side by side: the same 2 steps from the same seed give the same weights. Then
+    machine 1's worker is SIGKILLed: both torchruns exit non-zero within 120 s, no worker is left,
+    machine 1's names rank 1 and the signal, and iter_2.pth is as it was written. (The 1 x 2 run
+    is stopped at its iter_2.pth.)"""
+    scripts = {"2x1": os.path.join(ROOT, "tools", "train_seg.py"), "1x2": os.path.join(MMSEG_TOOLS, "train.py")}
+
     def launch(layout, node_rank, port):
-        return subprocess.Popen([sys.executable, *torchrun(layout, port, node_rank),
-                                 os.path.join(ROOT, "tools", "train_seg.py"), QUICKSTART, "--launcher", "pytorch",
-                                 "--work-dir", str(tmp_path / layout), "--cfg-options", "env_cfg.dist_cfg.backend=gloo",
-                                 "train_cfg.max_iters=20", "train_cfg.val_interval=1000",
-                                 "default_hooks.logger.interval=1", "default_hooks.checkpoint.interval=2",
-                                 "train_dataloader.batch_size=2"], cwd=str(seg_root),
-                                env=dict(os.environ, OMP_NUM_THREADS="1"), stderr=subprocess.STDOUT,
+        return subprocess.Popen([sys.executable, *torchrun(layout, port, node_rank), scripts[layout], QUICKSTART,
+                                 "--launcher", "pytorch", "--work-dir", str(tmp_path / layout), "--cfg-options",
+                                 "env_cfg.dist_cfg.backend=gloo", "train_cfg.max_iters=20",
+                                 "train_cfg.val_interval=1000", "default_hooks.logger.interval=1",
+                                 "default_hooks.checkpoint.interval=2", "train_dataloader.batch_size=2"],
+                                cwd=str(seg_root), env=dict(os.environ, OMP_NUM_THREADS="1"), stderr=subprocess.STDOUT,
                                 stdout=open(tmp_path / f"{layout}_{node_rank}.log", "w"), start_new_session=True)
 
     port = free_port()

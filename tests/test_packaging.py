@@ -31,9 +31,15 @@ def test_wheel_install_finds_shipped_configs(tmp_path):
 
 
 def test_the_core_imports_no_framework():
-    """Importing the package and building, loading and counting a model loads neither a framework
-    nor an adapter: each adapter registers itself only when imported."""
-    code = ("import sys, timm, torch, srvit_backbones, srvit_backbones.layer_decay, srvit_backbones.flops; "
+    """Importing the package, and every module outside the adapters' folders, and building,
+    loading and counting a model loads neither a framework nor an adapter: each adapter registers
+    itself only when imported."""
+    package = os.path.join(ROOT, "srvit_backbones")
+    shared = [f"srvit_backbones.{folder}{name[:-3]}".replace(".__init__", "")
+              for folder in ("", "benchmark.", "pretrain.", "synthetic.")
+              for name in sorted(os.listdir(os.path.join(package, folder.rstrip(".")))) if name.endswith(".py")]
+    code = (f"import importlib; [importlib.import_module(m) for m in {shared!r}]; "
+            "import sys, timm, torch, srvit_backbones, srvit_backbones.layer_decay, srvit_backbones.flops; "
             "m = timm.create_model('srvit_t_t2', embed_dim=32, num_heads=2); "
             "srvit_backbones.load_pretrained(m, m.state_dict()); "
             "print(sorted(n for n in sys.modules if n.split('.')[0] in "
@@ -81,3 +87,46 @@ def test_imports_point_one_way():
         third_party = sorted(m for m in absolute if m.split(".")[0] not in stdlib | {"torch", "timm", "safetensors"})
         assert third_party == [], f"{name} imports {third_party}"
         assert all(level == 1 and module.split(".")[0] in ("models",) for level, module in relative), (name, relative)
+    for name in ("frameworks.py", "config_files.py"):  # the framework table: read before any framework
+        absolute, relative = _imports(os.path.join(ROOT, "srvit_backbones", name))
+        assert sorted(m for m in absolute if m.split(".")[0] not in stdlib) == [], name
+        assert relative <= {(1, "config_files")}, (name, relative)
+
+
+def _tools():
+    folder = os.path.join(ROOT, "tools")
+    return {name: os.path.join(folder, name) for name in sorted(os.listdir(folder))
+            if os.path.isfile(os.path.join(folder, name))}
+
+
+def test_tools_are_entry_points():
+    """A tool parses arguments, calls the package and prints: none is over 150 lines (setup.sh
+    aside), all of tools/ together at most 1,300."""
+    lengths = {name: sum(1 for _ in open(path)) for name, path in _tools().items()}
+    assert {name: n for name, n in lengths.items() if n > 150 and name != "setup.sh"} == {}
+    assert sum(lengths.values()) <= 1300, lengths
+
+
+def test_tools_find_frameworks_through_the_table():
+    """No tool chooses a framework by its name (``if framework == "mmdet"``, a dict from the
+    frameworks' names to functions): the tools that serve every framework go through
+    ``srvit_backbones.frameworks``, so a framework registered there is served without editing tools/."""
+    import ast
+
+    from srvit_backbones.frameworks import frameworks
+
+    names = set(frameworks())
+    for tool, path in _tools().items():
+        if not tool.endswith(".py"):
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+                constants = {o.value for o in operands if isinstance(o, ast.Constant)}
+                constants |= {e.value for o in operands if isinstance(o, (ast.Tuple, ast.List, ast.Set))
+                              for e in o.elts if isinstance(e, ast.Constant)}
+                assert not constants & names, f"tools/{tool}:{node.lineno} compares with a framework's name"
+            if isinstance(node, ast.Dict):  # a dispatch table: the frameworks' names to functions or classes
+                keys = {k.value for k, v in zip(node.keys, node.values)
+                        if isinstance(k, ast.Constant) and isinstance(v, (ast.Name, ast.Attribute, ast.Lambda))}
+                assert len(keys & names) < 2, f"tools/{tool}:{node.lineno} dispatches on the frameworks' names"

@@ -1,13 +1,15 @@
-"""tools/plot_curves.py on the metrics of real short trainings (the ones test_demo.py draws from,
-shared through the session's temp folder): panels, lines and their data (the config's lr
-schedule, each evaluation at its iteration, AP in percent), and clear errors. The mmdet
-quickstart's curves: test_mmdet.py, on its run."""
+"""tools/plot_curves.py (``srvit_backbones.curves``) on the metrics of real short trainings (the
+ones test_demo.py draws from, shared through the session's temp folder): panels, lines and their
+data (the config's lr schedule, each evaluation at its iteration, AP in percent), and clear
+errors. The mmdet quickstart's curves: test_mmdet.py, on its run."""
 import json
 import os
 import shutil
 
 import pytest
 from PIL import Image
+
+from srvit_backbones.curves import CurvesError, plot_curves
 from helpers import load_tool, scheduled_lrs, trained_detectron2, trained_mmseg
 
 
@@ -43,7 +45,7 @@ def test_detectron2_metrics_json(d2_out, tmp_path, capsys):
     evals = [r for r in run if "bbox/AP" in r]
     assert len(train) >= 3 and len(evals) == 1
 
-    fig, path = load_tool("plot_curves").plot_curves(str(d2_out))
+    fig, path = plot_curves(str(d2_out))
     assert path == os.path.join(str(d2_out), "curves.png")
     check_png(path, fig)
     panels = lines_of(fig)
@@ -77,7 +79,7 @@ def test_mmseg_scalars_json(seg_work, tmp_path):
     assert [r["step"] for r in train] == [1, 2, 3, 4] and len(evals) == 1
 
     for source in (seg_work, scalars):  # the work dir or the file
-        fig, path = load_tool("plot_curves").plot_curves(str(source), str(tmp_path / "seg.png"))
+        fig, path = plot_curves(str(source), str(tmp_path / "seg.png"))
         check_png(path, fig)
         panels = lines_of(fig)
         assert list(panels) == ["loss", "learning rate", "evaluation"]
@@ -87,7 +89,7 @@ def test_mmseg_scalars_json(seg_work, tmp_path):
         assert [r["base_lr"] for r in train] == pytest.approx(list(scheduled_lrs(seg_work, [1, 2, 3, 4]).values()))
         assert set(panels["evaluation"]) == {f"{m}: {evals[0][m]:.4g}" for m in ("mIoU", "mAcc", "aAcc")}
         assert panels["evaluation"][f"mIoU: {evals[0]['mIoU']:.4g}"] == ([4], [evals[0]["mIoU"]])
-    assert load_tool("plot_curves").plot_curves(str(scalars))[1] == str(scalars.parent / "curves.png")
+    assert plot_curves(str(scalars))[1] == str(scalars.parent / "curves.png")
 
 
 def test_a_resumed_mmseg_run_is_joined(seg_work, tmp_path):
@@ -100,7 +102,7 @@ def test_a_resumed_mmseg_run_is_joined(seg_work, tmp_path):
     (work / "20260102_000000" / "vis_data").mkdir(parents=True)
     (work / "20260102_000000" / "vis_data" / "scalars.json").write_text("\n".join(map(json.dumps, later)))
 
-    fig, _ = load_tool("plot_curves").plot_curves(str(work))
+    fig, _ = plot_curves(str(work))
     steps, losses = lines_of(fig)["loss"]["loss"]
     original = {r["step"]: r["loss"] for r in records(first) if "loss" in r}
     assert steps == [1, 2, 3, 4, 5, 6]
@@ -116,13 +118,13 @@ def test_a_resumed_mmseg_run_is_joined(seg_work, tmp_path):
 ])
 def test_a_file_of_neither_format_is_explained(tmp_path, content, message):
     (tmp_path / "metrics.json").write_text(content)
-    with pytest.raises(SystemExit, match=message):
-        load_tool("plot_curves").plot_curves(str(tmp_path / "metrics.json"))
+    with pytest.raises(CurvesError, match=message):
+        plot_curves(str(tmp_path / "metrics.json"))
     assert not (tmp_path / "curves.png").exists()
 
 
 def test_a_folder_without_metrics_is_explained(tmp_path):
-    with pytest.raises(SystemExit, match="holds neither metrics.json .* nor \\*/vis_data/scalars.json"):
-        load_tool("plot_curves").plot_curves(str(tmp_path))
-    with pytest.raises(SystemExit, match="does not exist"):
-        load_tool("plot_curves").plot_curves(str(tmp_path / "nowhere"))
+    with pytest.raises(CurvesError, match="holds neither metrics.json .* nor \\*/vis_data/scalars.json"):
+        plot_curves(str(tmp_path))
+    with pytest.raises(SystemExit, match="does not exist"):  # the tool: the message, exit code 1
+        load_tool("plot_curves").main([str(tmp_path / "nowhere")])

@@ -17,82 +17,12 @@ mmseg's custom datasets: label 0 the background, 1..4 the shapes, 255 the unlabe
 
     ROOT/images/{train,val}/*.jpg   ROOT/labels/{train,val}/*.png   ROOT/classes.txt
 """
-import argparse
-import math
-import os
-
-import numpy as np
-from PIL import Image, ImageDraw
-
-# label -> (shape, colour); labels index ADE20K's 150 classes (1 = wall, 2 = building, ...)
-CLASSES = {2: ("circle", (220, 60, 60)), 3: ("square", (60, 200, 70)), 4: ("triangle", (70, 90, 230)),
-           5: ("diamond", (230, 200, 40))}
-IGNORE_LABEL = 0  # ADE20K's "other": reduce_zero_label maps it to 255
-
-
-def polygon(kind, cx, cy, r):
-    if kind == "circle":
-        return [(cx + r * math.cos(a), cy + r * math.sin(a)) for a in np.linspace(0, 2 * math.pi, 32, endpoint=False)]
-    sides, phase = {"square": (4, math.pi / 4), "triangle": (3, -math.pi / 2), "diamond": (4, 0.0)}[kind]
-    return [(cx + r * math.cos(phase + 2 * math.pi * i / sides), cy + r * math.sin(phase + 2 * math.pi * i / sides))
-            for i in range(sides)]
-
-
-def make_sample(rng, size, max_shapes, custom=False):
-    h, w = size
-    noise = rng.integers(40, 90, size=(h, w, 3)).astype(np.uint8)
-    image = Image.fromarray(noise)
-    label = Image.new("L", (w, h), 0 if custom else 1)
-    draw_i, draw_l = ImageDraw.Draw(image), ImageDraw.Draw(label)
-    for _ in range(int(rng.integers(1, max_shapes + 1))):
-        cls = int(rng.choice(list(CLASSES)))
-        kind, colour = CLASSES[cls]
-        r = float(rng.uniform(0.1, 0.25) * min(h, w))
-        cx, cy = float(rng.uniform(r, w - r)), float(rng.uniform(r, h - r))
-        pts = polygon(kind, cx, cy, r)
-        jitter = tuple(int(np.clip(c + rng.integers(-20, 21), 0, 255)) for c in colour)
-        draw_i.polygon(pts, fill=jitter)
-        draw_l.polygon(pts, fill=cls - 1 if custom else cls)
-    # a thin unlabelled ("other") border, as ADE20K has unlabelled pixels
-    draw_l.rectangle([0, 0, w - 1, h - 1], outline=255 if custom else IGNORE_LABEL, width=2)
-    return image, label
-
-
-def write_split(root, split, count, size, max_shapes, seed, custom=False):
-    rng = np.random.default_rng(seed)
-    base = root if custom else os.path.join(root, "ade", "ADEChallengeData2016")
-    img_dir, ann_dir = os.path.join(base, "images", split), os.path.join(base, "labels" if custom else "annotations", split)
-    os.makedirs(img_dir, exist_ok=True)
-    os.makedirs(ann_dir, exist_ok=True)
-    for i in range(count):
-        image, label = make_sample(rng, size, max_shapes, custom)
-        name = f"{split}_{i:05d}" if custom else f"ADE_{split}_{i:08d}"
-        image.save(os.path.join(img_dir, name + ".jpg"), quality=95)
-        label.save(os.path.join(ann_dir, name + ".png"))
-    return base
+from srvit_backbones.synthetic import ade20k
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", default="datasets", help="folder that receives ade/ADEChallengeData2016")
-    parser.add_argument("--train", type=int, default=32)
-    parser.add_argument("--val", type=int, default=8)
-    parser.add_argument("--size", type=int, nargs=2, default=[160, 192], metavar=("H", "W"))
-    parser.add_argument("--max-shapes", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--classes", nargs=len(CLASSES) + 1, metavar="NAME",
-                        help="a custom dataset: the names of the background and of the 4 shapes' classes")
-    args = parser.parse_args(argv)
-    if args.train < 1 or args.val < 1:
-        parser.error("--train and --val must be at least 1")
-    custom = bool(args.classes)
-    splits = ("train", "val") if custom else ("training", "validation")
-    base = write_split(args.root, splits[0], args.train, tuple(args.size), args.max_shapes, args.seed, custom)
-    write_split(args.root, splits[1], args.val, tuple(args.size), args.max_shapes, args.seed + 1, custom)
-    if custom:
-        colours = [(60, 60, 60)] + [colour for _, colour in CLASSES.values()]
-        with open(os.path.join(base, "classes.txt"), "w") as f:
-            f.writelines(f"{name} {r} {g} {b}\n" for name, (r, g, b) in zip(args.classes, colours))
+    args = ade20k.parse_args(argv, __doc__)
+    base = ade20k.write_dataset(args)
     print(f"wrote {args.train} training and {args.val} validation samples under {base}")
 
 

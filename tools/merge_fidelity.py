@@ -11,65 +11,15 @@ L2 error. Run it on your checkpoint and your images before turning merging on.
 
 The checkpoint may come from tools/pretrain.py, detectron2 or mmseg (the backbone is found
 inside it); the features are those dense heads take by default (``default_feature_indices``)
-and the last block's output.
+and the last block's output. The computation is ``srvit_backbones.merge_fidelity``.
 """
 import argparse
-import glob
 import json
-import os
 import sys
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-from PIL import Image
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-
-from srvit_backbones import create_srvit, load_pretrained
 from srvit_backbones.export import parse_override
-
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
-
-
-def find_images(inputs):
-    paths = []
-    for item in inputs:
-        if os.path.isdir(item):
-            paths += sorted(p for p in glob.glob(os.path.join(item, "*")) if p.lower().endswith(IMAGE_EXTENSIONS))
-        else:
-            paths += sorted(glob.glob(item))
-    if not paths:
-        raise SystemExit(f"no images found in {inputs}: give image files, globs or folders ({', '.join(IMAGE_EXTENSIONS)})")
-    return paths
-
-
-def load_batch(path, size):
-    image = Image.open(path).convert("RGB").resize((size, size), Image.BICUBIC)
-    x = torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1).float().div(255)
-    mean, std = torch.tensor(IMAGENET_DEFAULT_MEAN), torch.tensor(IMAGENET_DEFAULT_STD)
-    return ((x - mean[:, None, None]) / std[:, None, None])[None]
-
-
-@torch.no_grad()
-def fidelity(model, images, ratios):
-    """{ratio: {feature: {"cosine": mean per-token cosine, "cosine_min": lowest image mean,
-    "rel_l2": ||merged - ref|| / ||ref||}}}, averaged over ``images`` (each (1, 3, H, W))."""
-    results = {}
-    for ratio in ratios:
-        sums = {}
-        for x in images:
-            model.set_token_merge_ratio(0.0)
-            reference = model.forward_feature_maps(x)
-            model.set_token_merge_ratio(ratio)
-            merged = model.forward_feature_maps(x)
-            for key, ref in reference.items():
-                cosine = F.cosine_similarity(merged[key], ref, dim=1).mean().item()
-                rel = ((merged[key] - ref).norm() / ref.norm()).item()
-                sums.setdefault(key, []).append((cosine, rel))
-        results[ratio] = {key: dict(cosine=float(np.mean([c for c, _ in v])), cosine_min=min(c for c, _ in v),
-                                    rel_l2=float(np.mean([r for _, r in v]))) for key, v in sums.items()}
-    model.set_token_merge_ratio(0.0)
-    return results
+from srvit_backbones.images import find_images, load_image, to_batch
+from srvit_backbones.merge_fidelity import fidelity, fidelity_model, fidelity_table
 
 
 def main(argv=None):
@@ -86,22 +36,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.size % 16:
         parser.error(f"--size {args.size} is not a multiple of the patch size 16")
-    kwargs = dict(args.set)
-    kwargs.setdefault("img_size", args.size)
-    model = create_srvit(args.model, num_classes=0, **kwargs).eval()
-    # the dense features are taken before the final norm, which detector checkpoints lack
-    report = load_pretrained(model, args.checkpoint, allow_partial=True)
-    missing = [k for k in report.required_missing if not k.startswith("norm.")]
-    if missing:
-        raise SystemExit(f"{args.checkpoint} does not fit {args.model}: {len(missing)} backbone tensors are missing, "
-                         f"e.g. {missing[:3]}; pass the variant (and --set overrides) it was trained with")
-    paths = find_images(args.input)[:args.max_images]
-    results = fidelity(model, [load_batch(p, args.size) for p in paths], args.ratios)
+    model = fidelity_model(args.model, args.set, args.checkpoint, args.size)
+    paths = find_images(args.input, recursive=False)[:args.max_images]
+    results = fidelity(model, [to_batch(load_image(p, args.size)) for p in paths], args.ratios)
     print(f"{args.model} from {args.checkpoint}, {len(paths)} images at {args.size}x{args.size}")
-    print("| ratio | feature | cosine (mean) | cosine (worst image) | relative L2 |\n|---|---|---|---|---|")
-    for ratio, feats in results.items():
-        for key, r in feats.items():
-            print(f"| {ratio} | {key} | {r['cosine']:.4f} | {r['cosine_min']:.4f} | {r['rel_l2']:.4f} |")
+    print(fidelity_table(results))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(command=" ".join(sys.argv), images=paths, results=results), f, indent=1)

@@ -7,136 +7,12 @@ iterations, from a Detectron2 run's ``metrics.json`` or an MMSegmentation / MMDe
     python tools/plot_curves.py output/quickstart_mmseg --output mmseg.png
     python tools/plot_curves.py output/quickstart_mmdet
 
-An mmengine work dir (mmseg, mmdet) holds one ``TIMESTAMP/vis_data/scalars.json`` per run (a
-resumed run adds one): they are joined in time order, a later run's value winning where runs
-overlap.
-
-The three frameworks are drawn alike: every evaluation at the iteration it followed, the
-learning rate of the config's schedule (the base lr: mmengine logs as ``lr`` the first parameter
-group's, under layer decay the most-decayed one, and as ``base_lr`` the optimizer's own; detectron2
-logs its largest group's, the heads' at the config lr), and AP in percent (mmdet's CocoMetric and
-LVISMetric log fractions; detectron2 and mmseg log percent).
+How a resumed run's logs are joined and the three frameworks drawn alike (the evaluation at its
+iteration, the base lr, AP in percent): ``srvit_backbones.curves``.
 """
 import argparse
-import glob
-import json
-import os
 
-from matplotlib.figure import Figure
-
-# headline evaluation metrics; detectron2 also logs per-class APs, not drawn
-METRICS = {"detectron2": ("bbox/AP", "segm/AP", "keypoints/AP", "sem_seg/mIoU", "panoptic_seg/PQ"),
-           "mmseg": ("mIoU", "mAcc", "aAcc"),
-           "mmdet": ("coco/bbox_mAP", "coco/segm_mAP", "lvis/bbox_AP", "lvis/segm_AP")}
-TO_PERCENT = {"detectron2": 1, "mmseg": 1, "mmdet": 100}  # mmdet's metrics are fractions
-ITERATION = {"detectron2": "iteration", "mmseg": "step", "mmdet": "step"}
-
-
-def find_files(path):
-    """The metrics files of ``path``: the file itself, or a run folder's."""
-    if os.path.isfile(path):
-        return [path]
-    if not os.path.isdir(path):
-        raise SystemExit(f"{path} does not exist: give a metrics.json, a scalars.json or a run's output folder")
-    files = glob.glob(os.path.join(path, "metrics.json")) or \
-        sorted(glob.glob(os.path.join(path, "*", "vis_data", "scalars.json")))
-    if not files:
-        raise SystemExit(f"{path} holds neither metrics.json (Detectron2's train.output_dir) nor "
-                         f"*/vis_data/scalars.json (an mmseg or mmdet work_dir)")
-    return files
-
-
-def read_records(files):
-    """(framework, records): the JSON lines of the files, in order."""
-    records = []
-    for f in files:
-        with open(f) as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise SystemExit(f"{f}:{n} is not a JSON line ({e.msg}): expected Detectron2's metrics.json or "
-                                     f"mmseg's / mmdet's vis_data/scalars.json, one JSON object per line") from None
-                if not isinstance(record, dict):
-                    raise SystemExit(f"{f}:{n} is not a JSON object")
-                records.append(record)
-    if records and all("iteration" in r for r in records):
-        return "detectron2", records
-    if records and all("step" in r for r in records):  # mmengine's: a detector's logs name its COCO metrics
-        detection = any(k.startswith(("coco/", "loss_rpn")) for r in records for k in r)
-        return ("mmdet" if detection else "mmseg"), records
-    raise SystemExit(f"{', '.join(files)}: neither Detectron2's metrics.json (every line has 'iteration') nor "
-                     f"mmseg's / mmdet's scalars.json (every line has 'step')")
-
-
-def series(framework, records):
-    """{panel: {name: [(iteration, value), ...]}} for the panels loss, lr and metric: the lr is
-    the base lr (mmengine's ``base_lr`` where it logs one), the metrics are in percent, each
-    evaluation at the iteration it followed."""
-    it_key = ITERATION[framework]
-    panels = {"loss": {}, "lr": {}, "metric": {}}
-    last_train_step = 0
-    for record in records:
-        step = record[it_key]
-        evaluation = any(name in METRICS[framework] for name in record)
-        if framework != "detectron2" and evaluation and step < last_train_step:
-            # mmengine's LoggerHook(log_metric_by_epoch=True), mmdet's default, logs an
-            # evaluation at the epoch (0 in an iteration-based run): it follows its iteration's
-            # training record
-            print(f"note: an evaluation logged at step {step}, after iteration {last_train_step} (mmengine's "
-                  f"default_hooks.logger.log_metric_by_epoch=True): drawn at iteration {last_train_step}")
-            step = last_train_step
-        elif not evaluation:
-            last_train_step = step
-        for name, value in record.items():
-            if name in METRICS[framework]:
-                panel, value = "metric", value * TO_PERCENT[framework]
-            elif name == ("base_lr" if "base_lr" in record else "lr"):
-                panel, name = "lr", "lr"
-            elif "loss" in name:
-                panel = "loss"
-            else:
-                continue
-            points = panels[panel].setdefault(name, {})
-            points[step] = value  # a later run's value wins
-    return {panel: {name: sorted(points.items()) for name, points in named.items()}
-            for panel, named in panels.items() if named}
-
-
-def plot_curves(path, output=None):
-    """Draw the run's curves; returns (figure, PNG path). One panel per kind found, in the
-    order loss, lr, metric; each line labelled with its scalar's name (metrics: and last value)."""
-    files = find_files(path)
-    framework, records = read_records(files)
-    panels = series(framework, records)
-    if not panels:
-        raise SystemExit(f"{', '.join(files)} holds no loss, lr or {'/'.join(METRICS[framework])} scalars")
-    fig = Figure(figsize=(5 * len(panels), 4), layout="constrained")
-    axes = fig.subplots(1, len(panels), squeeze=False, sharex=True)[0]
-    titles = {"loss": "loss", "lr": "learning rate", "metric": "evaluation"}
-    units = {"lr": "base lr (the config's schedule)", "metric": "percent"}
-    for ax, (panel, named) in zip(axes, panels.items()):
-        for name, points in named.items():
-            xs, ys = zip(*points)
-            if panel == "metric":  # few points: marked, the last value in the legend
-                ax.plot(xs, ys, label=f"{name}: {ys[-1]:.4g}", marker="o")
-            else:
-                ax.plot(xs, ys, label=name, linewidth=2 if name in ("total_loss", "loss") else 1)
-        ax.set_title(titles[panel])
-        ax.set_xlabel("iteration")
-        if panel in units:
-            ax.set_ylabel(units[panel])
-        if panel == "loss" and all(y > 0 for points in named.values() for _, y in points):
-            ax.set_yscale("log")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.suptitle(f"{framework}: {os.path.abspath(path)}", fontsize="small")
-    if output is None:
-        output = os.path.join(path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path)), "curves.png")
-    fig.savefig(output, dpi=100)
-    return fig, output
+from srvit_backbones.curves import CurvesError, plot_curves
 
 
 def main(argv=None):
@@ -144,7 +20,10 @@ def main(argv=None):
     parser.add_argument("path", help="metrics.json, scalars.json, or a run's output / work dir")
     parser.add_argument("--output", help="PNG to write (default: curves.png in the run's folder)")
     args = parser.parse_args(argv)
-    _, output = plot_curves(args.path, args.output)
+    try:
+        _, output = plot_curves(args.path, args.output)
+    except CurvesError as e:
+        raise SystemExit(str(e)) from None
     print(f"training curves: {output}")
 
 

@@ -105,4 +105,6 @@ log_processor = dict(by_epoch=False)
 # gradients all-reduced in fp16 under DDP (detectron2's train.ddp.fp16_compression)
 # and a diverged run stopped (DivergenceCheckHook, docs/faults.md)
 custom_hooks = [dict(type='Fp16CompressionHook'), dict(type='DivergenceCheckHook')]
+# the collective timeout and torchrun on machines without a GPU, also in mmdet's own tools/train.py
+runner_type = 'SRViTRunner'
 auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -88,3 +88,5 @@ test_dataloader = val_dataloader
 # faults (docs/faults.md): checkpoints written whole or not at all, a diverged run stopped
 default_hooks = dict(checkpoint=dict(type='SRViTCheckpointHook'))
 custom_hooks = [dict(type='DivergenceCheckHook')]
+# the collective timeout and torchrun on machines without a GPU, also in mmseg's own tools/train.py
+runner_type = 'SRViTRunner'

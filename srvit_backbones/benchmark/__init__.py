@@ -9,9 +9,11 @@
 - ``devices``: the GPU's branches (kernel choices, a tiny model) against the CPU;
 - ``data``: synthetic files (an ImageFolder for the pretraining step);
 - ``runner``: tools/benchmark.py itself (interleaved rounds, compiled against eager, peak-memory
-  processes, the paired comparisons, the JSON).
+  processes, the paired comparisons, the JSON);
+- ``gpu_check``: tools/gpu_check.py's checks (a)-(g), the figures they are read against, its JSON.
 
-The frameworks' parts live with their adapters: ``srvit_backbones.detectron2.benchmark`` (a
+The frameworks' parts live with their adapters (the GPU check reaches them through
+``srvit_backbones.frameworks``): ``srvit_backbones.detectron2.benchmark`` (a
 config's detector step, detectron2's trainer, synthetic COCO-like batches, ViTDet's ``ViT`` as
 an anchor) and ``srvit_backbones.mmseg.benchmark`` (a segmentor's step, synthetic ADE20K-like
 batches). Importing this package imports neither detectron2 nor OpenMMLab.

@@ -33,3 +33,10 @@ class Detectron2Adapter(FrameworkAdapter):
         from .custom_data import check_config_data
 
         check_config_data(path, args.opts, args.coco_train, args.coco_val)
+
+    def time_training(self, config, size, images, device, warmup, steps):
+        from .benchmark import trainer_steps
+
+        opts = [f"model.backbone.net.img_size={size}", f"model.backbone.square_pad={size}",
+                f"train.device={device}", f"train.amp.enabled={device.type == 'cuda'}"]
+        return trainer_steps(config, opts, images=images, warmup=warmup, steps=steps)

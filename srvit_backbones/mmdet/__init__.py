@@ -2,13 +2,15 @@
 (one stride-16 map by default: ViTDet's pyramid input), the ``SimpleFeaturePyramid`` neck and
 its ``LayerNorm2d``, the ``SRViTLayerDecayOptimizerConstructor`` and the
 ``Fp16CompressionHook``: what mmdet's ``projects/ViTDet`` gives, which the pip wheel lacks;
-and the fault hooks (``SRViTCheckpointHook``, ``DivergenceCheckHook``).
+and the fault hooks (``SRViTCheckpointHook``, ``DivergenceCheckHook``) with the ``SRViTRunner``
+the configs name (``runner_type``).
 Configs import it with ``custom_imports = dict(imports=['srvit_backbones.mmdet'])``."""
 from typing import List
 
-from mmdet.registry import HOOKS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS
+from mmdet.registry import HOOKS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS, RUNNERS
 
 from ..openmmlab import SRViTBackbone, SRViTLayerDecayOptimizerConstructor, checkpoint_loading  # noqa: F401
+from ..openmmlab.runner import SRViTRunner
 from ..openmmlab.hooks import DivergenceCheckHook, Fp16CompressionHook, SRViTCheckpointHook
 from ..lvis import patch_lvis_for_numpy2
 from .cascade import SingleMaskCascadeRoIHead  # noqa: F401  (registers it)
@@ -34,6 +36,7 @@ OPTIM_WRAPPER_CONSTRUCTORS.register_module(module=SRViTLayerDecayOptimizerConstr
 HOOKS.register_module(module=Fp16CompressionHook)
 HOOKS.register_module(module=SRViTCheckpointHook)
 HOOKS.register_module(module=DivergenceCheckHook)
+RUNNERS.register_module(module=SRViTRunner)
 
 __all__ = ["SRViTDetBackbone", "SimpleFeaturePyramid", "LayerNorm2d", "SRViTLayerDecayOptimizerConstructor",
-           "Fp16CompressionHook", "SRViTCheckpointHook", "DivergenceCheckHook"]
+           "Fp16CompressionHook", "SRViTCheckpointHook", "DivergenceCheckHook", "SRViTRunner"]

@@ -1,6 +1,6 @@
-"""Helpers of tools/train_det.py and tools/test_det.py: mmdet's own scripts' logic, your own
-COCO-format dataset (mmdet's convention: ``metainfo`` + ``data_root`` + ``ann_file``), and what
-a missing COCO looks like."""
+"""mmdet's side of tools/train_det.py and tools/test_det.py (``openmmlab.entry``): what mmdet's
+own scripts do beyond mmengine's (``SCRIPT_OPTIONS``), your own COCO-format dataset (mmdet's
+convention: ``metainfo`` + ``data_root`` + ``ann_file``), and what a missing COCO looks like."""
 import os
 
 from mmengine.config import Config
@@ -8,10 +8,51 @@ from mmengine.config import Config
 from ..data_check import add_coco_arguments, add_skip_argument, coco_categories
 from ..openmmlab import data_check as openmmlab_data_check
 from ..openmmlab import tools as openmmlab_tools
-from ..openmmlab.tools import apply_amp, check_compile, prepare_training  # noqa: F401  (the tools' imports)
+from ..openmmlab.entry import ScriptOptions, add_amp_argument
 
 #: how the tools size the head from the data
 SIZED_FROM_DATA = "or train with --coco-train / --coco-val, which size the heads from the file's categories"
+
+
+class MMDetScriptOptions(ScriptOptions):
+    """mmdet's tools/train.py and test.py: ``--auto-scale-lr`` (the config's ``auto_scale_lr``),
+    ``--resume`` with an optional checkpoint, ``--out`` a pickle of the predictions (mmdet's
+    ``DumpDetResults`` evaluator) and ``--show-dir`` below the run's folder."""
+
+    train_description = "Train a detector"
+    test_description = "MMDet test (and eval) a model"
+    out_help = "dump the predictions to this pickle file (mmdet's DumpDetResults)"
+    show_dir_help = "directory, below the run's folder, where painted images will be saved"
+
+    def add_train_arguments(self, parser):
+        add_amp_argument(parser)
+        parser.add_argument("--auto-scale-lr", action="store_true", help="scale the lr by the total batch size")
+        parser.add_argument("--resume", nargs="?", type=str, const="auto",
+                            help="resume from this checkpoint, or without a path from the latest one in the work dir")
+
+    def apply_train_arguments(self, cfg, args):
+        if args.auto_scale_lr:
+            if "auto_scale_lr" not in cfg or "base_batch_size" not in cfg.auto_scale_lr:
+                raise SystemExit("--auto-scale-lr needs auto_scale_lr=dict(base_batch_size=...) in the config")
+            cfg.auto_scale_lr.enable = True
+        if args.resume == "auto":
+            cfg.resume, cfg.load_from = True, None
+        elif args.resume is not None:
+            cfg.resume, cfg.load_from = True, args.resume
+
+    def check_test_arguments(self, args):
+        if args.out is not None and not args.out.endswith((".pkl", ".pickle")):
+            raise SystemExit(f"--out {args.out!r}: the dump is a pickle file, give a name ending in .pkl")
+
+    def apply_test_arguments(self, cfg, args):
+        if args.show_dir:
+            cfg.default_hooks.visualization.update(draw=True, test_out_dir=args.show_dir)
+        if args.out is not None:
+            cfg.test_evaluator = [*(cfg.test_evaluator if isinstance(cfg.test_evaluator, list)
+                                    else [cfg.test_evaluator]), dict(type="DumpDetResults", out_file_path=args.out)]
+
+
+SCRIPT_OPTIONS = MMDetScriptOptions()
 
 
 def add_data_arguments(parser) -> None:

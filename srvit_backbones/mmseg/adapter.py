@@ -19,3 +19,8 @@ class MMSegAdapter(OpenMMLabAdapter):
         from .flops import count_segmentor
 
         return count_segmentor(path, counted, plain)
+
+    def time_training(self, config, size, images, device, warmup, steps):
+        from .benchmark import segmentor_steps
+
+        return segmentor_steps(config, size, images, device, warmup, steps)

@@ -1,5 +1,6 @@
 """mmseg's part of the measuring harness (``srvit_backbones.benchmark``): a config's segmentor
-with the optim wrapper a GPU user trains it with, and synthetic ADE20K-like batches."""
+with the optim wrapper a GPU user trains it with, stepped and timed (the GPU check's (b),
+``MMSegAdapter.time_training``), and synthetic ADE20K-like batches."""
 import torch
 from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
@@ -8,6 +9,7 @@ from mmengine.structures import PixelData
 from mmseg.registry import MODELS
 from mmseg.structures import SegDataSample
 
+from ..benchmark.timing import Timer
 from ..config_files import resolve_config
 from ..openmmlab.tools import sync_bn_to_bn
 from . import SRViTBackbone  # noqa: F401  (registers the backbone)
@@ -52,3 +54,16 @@ def segmentor_step(config, size, images, device):
         with DefaultScope.overwrite_default_scope("mmseg"):
             return model.train_step(dict(inputs=inputs, data_samples=samples), wrapper)
     return step, wrapper
+
+
+def segmentor_steps(config, size, images, device, warmup=1, steps=1):
+    """``warmup + steps`` steps of ``segmentor_step`` (AmpOptimWrapper on CUDA): the GPU check's
+    row of s/iter, peak memory, loss and loss scale."""
+    step, wrapper = segmentor_step(config, size, images, device)
+    timer = Timer(device)
+    for _ in range(warmup + steps):
+        with timer.step():
+            log = step()
+    scale = wrapper.loss_scaler.get_scale() if hasattr(wrapper, "loss_scaler") else None
+    return dict(config=config, size=size, images=images, optim_wrapper=type(wrapper).__name__,
+                loss_scale=scale, loss=float(log["loss"].detach()), **timer.summary(warmup))

@@ -1,6 +1,7 @@
-"""Helpers of tools/train_seg.py and tools/test_seg.py: mmseg's own scripts' logic, your own
-image and label-map folders (mmseg's ``BaseSegDataset``: ``img_suffix``, ``seg_map_suffix``,
-``reduce_zero_label``, ``metainfo``), and what a missing ADE20K looks like."""
+"""mmseg's side of tools/train_seg.py and tools/test_seg.py (``openmmlab.entry``): what mmseg's
+own scripts do beyond mmengine's (``SCRIPT_OPTIONS``), your own image and label-map folders
+(mmseg's ``BaseSegDataset``: ``img_suffix``, ``seg_map_suffix``, ``reduce_zero_label``,
+``metainfo``), and what a missing ADE20K looks like."""
 import collections
 import os
 
@@ -9,10 +10,45 @@ from mmengine.config import Config
 from ..data_check import add_segmentation_arguments, add_skip_argument
 from ..openmmlab import data_check as openmmlab_data_check
 from ..openmmlab import tools as openmmlab_tools
-from ..openmmlab.tools import apply_amp, check_compile, prepare_training  # noqa: F401  (the tools' imports)
+from ..openmmlab.entry import ScriptOptions, add_amp_argument
 
 #: how the tools size the heads from the data
 SIZED_FROM_DATA = "or train with --seg-train / --seg-val / --classes, which size the heads from the class file"
+
+
+class MMSegScriptOptions(ScriptOptions):
+    """mmseg's tools/train.py and test.py: ``--resume`` a flag (the work dir's latest checkpoint),
+    ``--tta`` (the config's ``tta_model`` and ``tta_pipeline``), ``--out`` a folder of the
+    predicted maps, ``--show-dir`` a folder of painted images."""
+
+    train_description = "Train a segmentor"
+    test_description = "MMSeg test (and eval) a model"
+    out_help = "the directory to save the output prediction"
+
+    def add_train_arguments(self, parser):
+        parser.add_argument("--resume", action="store_true", default=False,
+                            help="resume from the latest checkpoint in the work_dir automatically")
+        add_amp_argument(parser)
+
+    def apply_train_arguments(self, cfg, args):
+        cfg.resume = args.resume
+
+    def add_test_arguments(self, parser):
+        parser.add_argument("--tta", action="store_true", help="test time augmentation (multi-scale + flip)")
+
+    def apply_test_arguments(self, cfg, args):
+        if args.show_dir:
+            cfg.default_hooks.visualization.update(draw=True, show=False, img_dir=args.show_dir)
+        if args.tta:
+            cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
+            cfg.tta_model.module = cfg.model
+            cfg.model = cfg.tta_model
+        if args.out is not None:
+            cfg.test_evaluator["output_dir"] = args.out
+            cfg.test_evaluator["keep_results"] = True
+
+
+SCRIPT_OPTIONS = MMSegScriptOptions()
 
 
 def add_data_arguments(parser) -> None:

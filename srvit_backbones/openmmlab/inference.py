@@ -12,6 +12,7 @@ from mmengine.structures import BaseDataElement
 
 from ..amp import autocast
 from ..checkpoint import require_fit
+from ..demo import read_weights, refused_unless_it_fits
 
 
 class CheckedWeightsInferencer:
@@ -32,6 +33,15 @@ class CheckedWeightsInferencer:
         self.amp_device, self.amp = device or "cpu", amp
         super().__init__(model=cfg, weights=None, device=device, **kwargs)  # the weights come from checkpoint
         self.show_progress = False
+
+    @classmethod
+    def from_file(cls, cfg, checkpoint: str, device: Optional[str] = None, amp: bool = False, hint: str = ""):
+        """The inferencer of ``cfg`` with the weights of the file ``checkpoint``, or a SystemExit
+        that says why they do not fit and, with ``hint``, where a checkpoint that fits comes from
+        (``srvit_backbones.demo.read_weights``)."""
+        read, _ = read_weights(checkpoint, "state_dict", cls.framework, hint)
+        with refused_unless_it_fits(hint):
+            return cls(cfg, read, checkpoint, device=device, amp=amp)
 
     def _load_weights_to_model(self, model, checkpoint, cfg) -> None:
         weights = self.checkpoint.get("state_dict", self.checkpoint)

@@ -1,0 +1,186 @@
+"""tools/demo.py's loop, the same for every framework: each framework's adapter builds a ``Demo``
+(``FrameworkAdapter.build_demo``: ``srvit_backbones.detectron2.demo``, ``.mmdet.demo``,
+``.mmseg.demo``) that predicts on one image and draws with the framework's own API; ``run_demo``
+draws every image, saves the pictures and, when asked, the raw predictions. Here too: reading
+the trained checkpoint (refused, with where one comes from, when it is not one or does not fit
+the model), the CUDA and ``--amp`` checks, the note written on a picture with nothing drawn.
+Framework-free (numpy, PIL, torch)."""
+import contextlib
+import json
+import os
+from typing import Any, List, NamedTuple, Sequence, Tuple
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .amp import amp_dtype
+from .checkpoint import CheckpointError, read_checkpoint
+
+
+class Demo:
+    """What ``run_demo`` asks of a framework's predictor. ``predict`` is the one method every
+    demo has; ``raw_output`` says what ``--save-raw`` writes of the predictions:
+    ``"records"``: ``OUTPUT/predictions.json``, the list of every image's ``records`` (COCO
+    results for a detector; a classifier's would be its label and score per image);
+    ``"label_maps"``: ``OUTPUT/labels/NAME.png``, each image's ``label_map`` (a segmentor's
+    class index of every pixel)."""
+
+    raw_output = "records"
+
+    def predict(self, path: str) -> Tuple[np.ndarray, Any]:
+        """(the image with its prediction drawn: RGB uint8 (H, W, 3), the prediction)."""
+        raise NotImplementedError
+
+    def is_empty(self, prediction) -> bool:
+        """Whether nothing of ``prediction`` was drawn (the picture then says ``empty_message``)."""
+        return False
+
+    def empty_message(self) -> str:
+        """What a picture with nothing drawn says, and why."""
+        return ""
+
+    def records(self, prediction, image_id: int, file_name: str) -> List[dict]:
+        """``prediction``'s entries of predictions.json (``raw_output == "records"``)."""
+        raise NotImplementedError(f"{type(self).__name__} saves no records")
+
+    def label_map(self, prediction) -> np.ndarray:
+        """The (H, W) class index of every pixel of ``prediction`` (``raw_output == "label_maps"``)."""
+        raise NotImplementedError(f"{type(self).__name__} saves no label maps")
+
+
+class DetectionDemo(Demo):
+    """A detector's demo: its predictions are the instances scoring above ``score_threshold``
+    (a picture without any says so); ``records`` are COCO results."""
+
+    score_threshold = 0.5
+
+    def is_empty(self, prediction) -> bool:
+        return len(prediction) == 0
+
+    def empty_message(self) -> str:
+        return nothing_above(self.score_threshold)
+
+
+class DemoOutputs(NamedTuple):
+    drawn: List[str]  #: the pictures written
+    raw: List[str]  #: predictions.json, or the label maps written
+    empty: List[str]  #: the images (their relative names) with nothing drawn
+
+
+def nothing_above(threshold: float) -> str:
+    """What a detection picture with nothing drawn on it says."""
+    return f"no detection scores above {threshold:g}: lower --score-threshold to see weaker ones"
+
+
+def say_on_image(image: np.ndarray, text: str) -> np.ndarray:
+    """``image`` (an RGB array) with ``text`` written in white across its top on a black band,
+    wrapped to the image's width."""
+    from PIL import ImageDraw, ImageFont
+
+    picture = Image.fromarray(image)
+    draw = ImageDraw.Draw(picture)
+    font = ImageFont.load_default(size=max(10, picture.width // 40))
+    lines = [""]
+    for word in text.split():
+        candidate = f"{lines[-1]} {word}".strip()
+        if lines[-1] and draw.textlength(candidate, font=font) > picture.width - 8:
+            lines.append(word)
+        else:
+            lines[-1] = candidate
+    text = "\n".join(lines)
+    bottom = draw.multiline_textbbox((4, 4), text, font=font)[3]
+    draw.rectangle((0, 0, picture.width, bottom + 4), fill=(0, 0, 0))
+    draw.multiline_text((4, 4), text, fill=(255, 255, 255), font=font)
+    return np.asarray(picture)
+
+
+def relative_names(paths: Sequence[str]) -> List[str]:
+    """Each image's path below the images' common folder; its output name is that, as .png
+    (a SystemExit when two images would be drawn to one file)."""
+    root = os.path.commonpath([os.path.dirname(p) for p in paths])
+    names = [os.path.relpath(p, root) for p in paths]
+    seen = {}
+    for path, name in zip(paths, names):
+        out = os.path.splitext(name)[0] + ".png"
+        if out in seen:
+            raise SystemExit(f"{seen[out]} and {path} would both be drawn to {out}: give them separately")
+        seen[out] = path
+    return names
+
+
+def check_device(device: str, amp: bool) -> None:
+    """A SystemExit when ``device`` is CUDA and no GPU is visible, or ``amp`` is asked where the
+    device cannot run it (``srvit_backbones.amp``)."""
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {device}, but no CUDA GPU is visible: run with --device cpu")
+    if amp:
+        try:
+            amp_dtype(device)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+
+
+def read_weights(checkpoint: str, key: str, framework: str, hint: str):
+    """(checkpoint object, its weights under ``key``) through the package's safe reader, or a
+    SystemExit that says why the file is not a ``framework`` checkpoint and, with ``hint`` (the
+    adapter's ``checkpoint_hint``), where one comes from."""
+    if not os.path.isfile(checkpoint):
+        raise SystemExit(f"--checkpoint {checkpoint!r} does not exist: train one with tools/train_net.py "
+                         f"(model_final.pth in train.output_dir), tools/train_seg.py or tools/train_det.py "
+                         f"(iter_N.pth in the work dir)")
+    try:
+        obj = read_checkpoint(checkpoint)
+    except CheckpointError as e:
+        raise SystemExit(f"--checkpoint: {e}") from None
+    weights = obj.get(key, obj) if isinstance(obj, dict) else obj
+    if not (isinstance(weights, dict) and weights and all(torch.is_tensor(v) for v in weights.values())):
+        held = ", ".join(map(str, list(obj)[:6])) if isinstance(obj, dict) else type(obj).__name__
+        raise SystemExit(f"--checkpoint {checkpoint} holds no {framework} weights (nothing under {key!r}; it holds "
+                         f"{held}). Fix: {hint}")
+    return obj, weights
+
+
+@contextlib.contextmanager
+def refused_unless_it_fits(hint: str):
+    """A checkpoint that does not fit the model entirely (``require_fit``'s CheckpointError) as a
+    SystemExit that says, with ``hint``, where one that fits comes from."""
+    try:
+        yield
+    except CheckpointError as e:
+        raise SystemExit(f"--checkpoint {e}\nFix: {hint}") from None
+
+
+def run_demo(demo: Demo, paths: Sequence[str], names: Sequence[str], output: str,
+             save_raw: bool = False) -> DemoOutputs:
+    """Draw ``demo``'s prediction on every image of ``paths`` to ``output/NAME.png`` (``names``:
+    ``relative_names(paths)``), a picture with nothing drawn saying ``demo.empty_message()``
+    across its top; with ``save_raw``, the predictions as ``demo.raw_output`` says (the image's
+    index in ``paths`` is its image_id)."""
+    from tqdm import tqdm
+
+    records = demo.raw_output == "records"
+    drawn, raw, results, empty = [], [], [], []
+    for image_id, (path, name) in enumerate(tqdm(list(zip(paths, names)), desc="demo", unit="image")):
+        drawn_image, prediction = demo.predict(path)
+        if demo.is_empty(prediction):  # a picture with nothing drawn says why
+            drawn_image = say_on_image(drawn_image, demo.empty_message())
+            empty.append(name)
+        png = os.path.splitext(name)[0] + ".png"
+        out = os.path.join(output, png)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        Image.fromarray(drawn_image).save(out)
+        drawn.append(out)
+        if save_raw and records:
+            results += demo.records(prediction, image_id, name)
+        elif save_raw:
+            labels = demo.label_map(prediction)
+            label_file = os.path.join(output, "labels", png)
+            os.makedirs(os.path.dirname(label_file), exist_ok=True)
+            Image.fromarray(labels.astype(np.uint8 if labels.max(initial=0) < 256 else np.uint16)).save(label_file)
+            raw.append(label_file)
+    if save_raw and records:
+        raw.append(os.path.join(output, "predictions.json"))
+        with open(raw[0], "w") as f:
+            json.dump(results, f)
+    return DemoOutputs(drawn, raw, empty)

@@ -1,0 +1,67 @@
+"""The images the tools read (tools/demo.py, visualize_mixture.py, merge_fidelity.py): which
+files ``--input`` names, and an image as the backbone takes it (resized, ImageNet-normalised as
+in pretraining). numpy, PIL and torch only."""
+import glob
+import os
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+
+
+def is_image(path: str) -> bool:
+    return path.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def find_images(inputs: Sequence[str], recursive: bool = True) -> List[str]:
+    """Sorted absolute paths of the images that ``inputs`` name: a file as it is, a folder's
+    images (those of its subfolders too when ``recursive``), a glob pattern's images (``**``
+    matching any depth). A SystemExit names an input that does not exist, or says that none of
+    them is an image."""
+    found = []
+    for item in inputs:
+        if os.path.isdir(item):
+            if recursive:
+                found += [os.path.join(folder, name) for folder, _, names in os.walk(item) for name in names
+                          if is_image(name)]
+            else:
+                found += [entry.path for entry in os.scandir(item) if entry.is_file() and is_image(entry.name)]
+        elif os.path.isfile(item):
+            found.append(item)
+        elif glob.has_magic(item):
+            found += [p for p in glob.glob(item, recursive=True) if is_image(p) and os.path.isfile(p)]
+        else:
+            raise SystemExit(f"--input {item!r} does not exist: give image files, folders of images or globs")
+    found = sorted(set(os.path.abspath(p) for p in found))
+    if not found:
+        raise SystemExit(f"no images found in --input {' '.join(inputs)} (looked for files ending in "
+                         f"{', '.join(IMAGE_EXTENSIONS)})")
+    return found
+
+
+def load_image(path: Optional[str], size: int, keep_aspect: bool = False, patch: int = 16) -> np.ndarray:
+    """RGB uint8 (H, W, 3), resized bicubically to size x size, or with ``keep_aspect`` to the
+    short side ``size`` and the long side the multiple of ``patch`` nearest to the aspect ratio.
+    ``path`` None: scikit-image's astronaut photo."""
+    if path is None:
+        from skimage import data
+
+        image = Image.fromarray(data.astronaut())
+    else:
+        image = Image.open(path).convert("RGB")
+    width, height = size, size
+    if keep_aspect:
+        long = max(patch, round(size * max(image.size) / min(image.size) / patch) * patch)
+        width, height = (long, size) if image.width >= image.height else (size, long)
+    return np.array(image.resize((width, height), Image.BICUBIC))
+
+
+def to_batch(image: np.ndarray) -> torch.Tensor:
+    """(1, 3, H, W) of an RGB uint8 image, normalised with ImageNet's mean and std as in pretraining."""
+    x = torch.from_numpy(image).permute(2, 0, 1).float().div(255)
+    mean, std = torch.tensor(IMAGENET_DEFAULT_MEAN), torch.tensor(IMAGENET_DEFAULT_STD)
+    return ((x - mean[:, None, None]) / std[:, None, None])[None]

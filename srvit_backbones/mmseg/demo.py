@@ -1,0 +1,28 @@
+"""mmseg's demo (``MMSegAdapter.build_demo``, tools/demo.py): ``MMSegInferencer``
+(``srvit_backbones.mmseg.inference``), which draws with ``SegLocalVisualizer``; its raw output is
+the class index of every pixel."""
+from ..demo import Demo
+from .adapter import MMSegAdapter
+from .inference import SRViTSegInferencer
+
+
+class MMSegDemo(Demo):
+    """Args:
+        cfg: an mmseg config (``MMSegAdapter.load_config``).
+        checkpoint: tools/train_seg.py's iter_N.pth, refused unless it fits the model entirely.
+        device, amp: where the model runs, and in mixed precision (``srvit_backbones.amp``).
+        opacity: of the drawn class colours."""
+
+    raw_output = "label_maps"
+
+    def __init__(self, cfg, checkpoint: str, device: str = "cpu", amp: bool = False, opacity: float = 0.5):
+        self.inferencer = SRViTSegInferencer.from_file(cfg, checkpoint, device, amp, MMSegAdapter.checkpoint_hint)
+        self.opacity = opacity
+
+    def predict(self, path):
+        """(the image with its segmentation drawn, the class index of every pixel: an int64 HxW array)."""
+        out = self.inferencer(path, return_vis=True, opacity=self.opacity)
+        return out["visualization"], out["predictions"]
+
+    def label_map(self, prediction):
+        return prediction

@@ -1,0 +1,133 @@
+"""mmdet's and mmseg's own ``tools/train.py`` and ``tools/test.py``, written once:
+tools/train_det.py, train_seg.py, test_det.py and test_seg.py each call this module with their
+framework's name. What they share: the command line of mmengine's scripts (the config by path
+or shipped name, ``--work-dir``, ``--amp``, ``--cfg-options``, ``--launcher``, your own data's
+options), the Runner built with it applied, the datasets checked before anything is built,
+``load_from`` checked as a fine-tuning start (``fine_tune.check_load_from``), and the run's
+fault handling (built as ``runner.SRViTRunner``, which applies ``tools.prepare_training``: the
+fault hooks, the collective timeout, ``--launcher pytorch`` on machines without a GPU). What a framework's own scripts do
+differently is its ``tools`` module's ``SCRIPT_OPTIONS`` (a ``ScriptOptions``), found through
+the framework table (``srvit_backbones.frameworks.adapter(name).tools``)."""
+import argparse
+import os.path as osp
+
+from mmengine.config import Config, DictAction
+from mmengine.runner import Runner
+
+from ..frameworks import adapter
+from .fine_tune import check_load_from
+from .runner import SRViTRunner
+from .tools import apply_amp, check_compile
+
+
+class ScriptOptions:
+    """What a framework's own tools/train.py and tools/test.py add to the options and steps
+    above, as data (the parsers' texts) and hooks; the defaults add and do nothing."""
+
+    #: the first line of the training and the test tool's ``--help``
+    train_description = "Train a model"
+    test_description = "Test (and eval) a model"
+    #: what the test tool's ``--out`` and ``--show-dir`` write in this framework
+    out_help = "where the predictions are saved"
+    show_dir_help = "directory where painted images will be saved"
+
+    def add_train_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """The training options after ``--work-dir``: ``--amp`` (``add_amp_argument``) and how
+        to resume, in the order of the framework's own script."""
+        add_amp_argument(parser)
+
+    def apply_train_arguments(self, cfg: Config, args: argparse.Namespace) -> None:
+        """Those options applied to the config (after ``--amp``, before the data check)."""
+
+    def add_test_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """The test options after ``--launcher``."""
+
+    def check_test_arguments(self, args: argparse.Namespace) -> None:
+        """Refuse test options that cannot work, before the config is read."""
+
+    def apply_test_arguments(self, cfg: Config, args: argparse.Namespace) -> None:
+        """``--out``, ``--show-dir`` and the framework's own test options applied to the
+        config, after the data check (whose messages name the config's own evaluators)."""
+
+
+def add_amp_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--amp", action="store_true", default=False, help="enable automatic-mixed-precision training")
+
+
+def _add_overrides_and_launcher(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cfg-options", nargs="+", action=DictAction,
+                        help="override some settings in the used config, key=value pairs")
+    parser.add_argument("--launcher", choices=["none", "pytorch", "slurm", "mpi"], default="none", help="job launcher")
+
+
+def _add_local_rank(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=0)
+
+
+def parse_train_args(framework: str, argv=None) -> argparse.Namespace:
+    """The training tool's command line: mmengine's ``tools/train.py`` arguments, the framework's
+    own (``ScriptOptions.add_train_arguments``) and your own data's (``tools.add_data_arguments``)."""
+    tools = adapter(framework).tools
+    parser = argparse.ArgumentParser(description=tools.SCRIPT_OPTIONS.train_description)
+    parser.add_argument("config", help="train config file path (or the name of a shipped config)")
+    parser.add_argument("--work-dir", help="the dir to save logs and models")
+    tools.SCRIPT_OPTIONS.add_train_arguments(parser)
+    _add_overrides_and_launcher(parser)
+    _add_local_rank(parser)
+    tools.add_data_arguments(parser)  # your own data (--coco-train... / --seg-train...), --skip-data-check
+    return parser.parse_args(argv)
+
+
+def build_train_runner(framework: str, argv=None) -> Runner:
+    """The Runner the training tool trains: the config with the command line applied (``--amp``,
+    the framework's options such as ``--resume``), mmengine's compile refused where it cannot
+    work, every file of the data checked, the fault handling added, ``load_from`` checked."""
+    tools = adapter(framework).tools
+    args = parse_train_args(framework, argv)
+    cfg = tools.load_config(args)
+    apply_amp(cfg, args.amp)
+    check_compile(cfg)
+    tools.SCRIPT_OPTIONS.apply_train_arguments(cfg, args)
+    tools.check_data(cfg, ("train_dataloader", "val_dataloader"), read_files=not args.skip_data_check)
+    runner = SRViTRunner.from_cfg(cfg)  # with the fault handling (prepare_training)
+    check_load_from(runner)  # fine-tuning: only the class-dependent layers may differ
+    return runner
+
+
+def run_train(framework: str, argv=None) -> None:
+    build_train_runner(framework, argv).train()
+
+
+def parse_test_args(framework: str, argv=None) -> argparse.Namespace:
+    """The test tool's command line: mmengine's ``tools/test.py`` arguments with the framework's
+    meaning of ``--out`` and ``--show-dir`` and its own options."""
+    options = adapter(framework).tools.SCRIPT_OPTIONS
+    parser = argparse.ArgumentParser(description=options.test_description)
+    parser.add_argument("config", help="test config file path (or the name of a shipped config)")
+    parser.add_argument("checkpoint", help="checkpoint file")
+    parser.add_argument("--work-dir", help="the directory to save the file containing evaluation metrics")
+    parser.add_argument("--out", help=options.out_help)
+    parser.add_argument("--show-dir", help=options.show_dir_help)
+    _add_overrides_and_launcher(parser)
+    options.add_test_arguments(parser)
+    _add_local_rank(parser)
+    return parser.parse_args(argv)
+
+
+def build_test_runner(framework: str, argv=None) -> Runner:
+    """The Runner the test tool tests: the checkpoint's weights (``load_from``) on the config
+    with the command line applied, the test data's files checked first."""
+    tools = adapter(framework).tools
+    args = parse_test_args(framework, argv)
+    if not osp.isfile(args.checkpoint):
+        raise SystemExit(f"checkpoint {args.checkpoint!r} does not exist")
+    tools.SCRIPT_OPTIONS.check_test_arguments(args)
+    cfg = tools.load_config(args)
+    cfg.load_from = args.checkpoint
+    tools.check_data(cfg, ("test_dataloader",))
+    tools.SCRIPT_OPTIONS.apply_test_arguments(cfg, args)
+    return SRViTRunner.from_cfg(cfg)
+
+
+def run_test(framework: str, argv=None) -> None:
+    build_test_runner(framework, argv).test()
