@@ -519,10 +519,9 @@ def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(coco_root, tmp_pa
 
     from srvit_backbones.detectron2 import faults as detectron2_faults
 
-    train_net = load_tool("train_net")
-    args = train_net.parse_args(["--config", QUICKSTART, f"train.output_dir={tmp_path}", *TINY, *FEW_ROIS,
-                                 "train.amp.enabled=True", "train.max_iter=8", "train.eval_period=1000",
-                                 "train.checkpointer.period=1000", *in_process_data(coco_root)])
+    args = train_net_args(["--config", QUICKSTART, f"train.output_dir={tmp_path}", *TINY, *FEW_ROIS,
+                           "train.amp.enabled=True", "train.max_iter=8", "train.eval_period=1000",
+                           "train.checkpointer.period=1000", *in_process_data(coco_root)])
     trainer, start_iter = train_net.build_trainer(args, train_net.load_config(args))
     assert type(trainer) is AMPTrainer and not trainer.grad_scaler.is_enabled()  # torch.cuda.amp's: off on a CPU
     trainer.grad_scaler = torch.amp.GradScaler("cpu", init_scale=1e30)
@@ -534,7 +533,7 @@ def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(coco_root, tmp_pa
     trainer.model.roi_heads.box_predictor.cls_score.register_forward_hook(
         lambda module, inputs, output: logits.append(output.dtype))
     with pytest.raises(FloatingPointError) as error, detectron2_faults.explained_divergence(trainer):
-        trainer.train(start_iter, 8)  # train_net.do_train
+        trainer.train(start_iter, 8)  # do_train's
     iteration, last = divergence_report(str(error.value))
     assert iteration == trainer.iter == 1 and len(logits) == 2 and last is None  # 0-based: the second step
     assert set(logits) == {torch.float16}
