@@ -368,7 +368,7 @@ class CPUAmpOptimWrapper(AmpOptimWrapper):
     steps) on a CPU GradScaler, under fp16 CPU autocast, so that the CUDA path's branches run
     here. Its own ``__init__`` asserts a GPU (amp_optimizer_wrapper.py, line 76) and makes
     ``torch.cuda.amp.GradScaler`` (line 20), and the ``optim_context`` autocast allows only bf16
-    on the CPU (mmengine/runner/amp.py, line 128): those two are replaced."""
+    on the CPU (mmengine/runner/amp.py, line 130): those two are replaced."""
 
     def __init__(self, loss_scale=None, dtype=torch.float16, **kwargs):
         OptimWrapper.__init__(self, **kwargs)
