@@ -131,15 +131,22 @@ def refuse_non_finite_weights(state_dict, iteration: int, last_checkpoint: Optio
 
 class SkippedStepCounter:
     """Counts the optimizer steps a ``torch.amp.GradScaler`` skipped in a row (found inf / NaN
-    gradients, halved its scale) and says when there were more than ``limit``. ``update`` reads
-    the scale: call it after the scaler's ``update()``, once per optimizer step; a step whose
-    scale did not drop (taken, or grown after ``growth_interval`` taken steps) ends the row."""
+    gradients, halved its scale) and says when there were more than ``limit``. ``start`` reads
+    the scale the first step starts from (call it before training, after a resume loaded the
+    scaler's state: without it the first step's skip is not seen); ``update`` reads the scale
+    after each step (after the scaler's ``update()``); a step whose scale did not drop (taken,
+    or grown after ``growth_interval`` taken steps) ends the row."""
 
     def __init__(self, limit: int = MAX_CONSECUTIVE_SKIPPED_STEPS):
         self.limit = limit
         self.consecutive = 0
         self.total = 0
         self._scale = None
+
+    def start(self, scaler) -> "SkippedStepCounter":
+        """Record the scale ``scaler`` (or None) starts the next step from; returns self."""
+        self._scale = scaler.get_scale() if scaler is not None and scaler.is_enabled() else None
+        return self
 
     def update(self, scaler) -> bool:
         """Record one step of ``scaler``; True once more than ``limit`` steps in a row were skipped."""

@@ -93,6 +93,48 @@ def wait_for_text(path, text: str, process, timeout: float = 300, poll: float = 
     raise TimeoutError(f"{text!r} never appeared in {path} (exit code {process.poll()})")
 
 
+def kill_machine_1_beside_one_machine(machines, one_machine, ready_2x1, ready_1x2, checkpoint, workers=None):
+    """A rank killed, and the 1 machine x 2 processes run that the 2 machines x 1 run (``machines``,
+    Popens) is compared with, side by side: once the file ``ready_2x1[0]`` holds ``ready_2x1[1]``
+    (machine 0 wrote it), ``checkpoint`` is read and machine 1's worker SIGKILLed; once
+    ``ready_1x2`` is there, ``one_machine`` is stopped (each process was started in a session of
+    its own: its group is killed), or, where it is None, ``one_machine`` runs to its end and exits
+    0. Both machines must exit non-zero within 120 s and leave no worker. ``workers(pid)``: a
+    machine's workers (default: its children). Returns the bytes of ``checkpoint`` before the kill."""
+    import signal
+    import time
+
+    workers = workers or child_pids
+
+    def kill_rank_1():
+        wait_for_text(*ready_2x1, machines[0])
+        saved = open(checkpoint, "rb").read()
+        started = [pid for machine in machines for pid in workers(machine.pid)]
+        (victim,) = workers(machines[1].pid)
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        codes = [machine.wait(timeout=120) for machine in machines]
+        return saved, started, codes, time.monotonic() - killed
+
+    def stop_one_machine():
+        if ready_1x2 is None:
+            assert one_machine.wait(timeout=300) == 0
+            return
+        wait_for_text(*ready_1x2, one_machine)
+        os.killpg(one_machine.pid, signal.SIGKILL)
+        one_machine.wait(timeout=60)
+
+    try:
+        (saved, started, codes, seconds), _ = side_by_side(kill_rank_1, stop_one_machine)
+    finally:
+        for process in (*machines, one_machine):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    assert all(code != 0 for code in codes) and seconds < 120, (codes, seconds)
+    assert len(started) == 2 and not any(is_running(pid) for pid in started), started
+    return saved
+
+
 def side_by_side(*jobs):
     """The results of ``jobs`` (functions of no arguments, each running a subprocess), run at the
     same time, one thread each: independent runs overlap their imports and waits instead of

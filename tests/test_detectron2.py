@@ -28,7 +28,8 @@ from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.srvit import resize_pos_embed
 from srvit_backbones.models.attention import RelPosAttention
 from srvit_backbones.models.rel_pos import is_rel_pos
-from helpers import divergence_report, file_size_limit, interpolated_pos_embed, load_tool, two_gloo_processes
+from helpers import (child_pids, divergence_report, file_size_limit, free_port, interpolated_pos_embed,
+                     kill_machine_1_beside_one_machine, load_tool, two_gloo_processes)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "detectron2_configs")
@@ -502,6 +503,44 @@ def test_a_diverged_run_stops_at_once_naming_the_last_checkpoint(coco_root, tmp_
     assert all(torch.isfinite(v).all() for v in torch.load(last, weights_only=True)["model"].values())
 
 
+# fewer regions through the heads' convolutions, whose fp16 backward is the CPU's slow path
+FEW_ROIS = ["model.roi_heads.batch_size_per_image=8", "dataloader.train.total_batch_size=1"]
+
+
+def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(coco_root, tmp_path, monkeypatch):
+    """tools/train_net.py's trainer with train.amp.enabled: detectron2's AMPTrainer, its own
+    run_step, on a CPU GradScaler whose scale overflows fp16's gradients at every halving (1e30):
+    every step is skipped, silently to detectron2, and the DivergenceCheck stops the run at the
+    first skip past its limit (1 here: the CPU's emulated fp16 steps take seconds; the default 20 is
+    counted in test_pretrain and test_faults). run_step asserts torch.cuda.is_available()
+    (detectron2/engine/train_loop.py, line 484) and enters torch.cuda.amp.autocast (485, 493), a
+    no-op without CUDA: for this run they answer True and enter fp16 CPU autocast."""
+    from detectron2.engine import AMPTrainer
+
+    from srvit_backbones.detectron2 import faults as detectron2_faults
+
+    args = train_net_args(["--config", QUICKSTART, f"train.output_dir={tmp_path}", *TINY, *FEW_ROIS,
+                           "train.amp.enabled=True", "train.max_iter=8", "train.eval_period=1000",
+                           "train.checkpointer.period=1000", *in_process_data(coco_root)])
+    trainer, start_iter = train_net.build_trainer(args, train_net.load_config(args))
+    assert type(trainer) is AMPTrainer and not trainer.grad_scaler.is_enabled()  # torch.cuda.amp's: off on a CPU
+    trainer.grad_scaler = torch.amp.GradScaler("cpu", init_scale=1e30)
+    (check,) = [hook for hook in trainer._hooks if isinstance(hook, detectron2_faults.DivergenceCheck)]
+    check.skipped.limit = 1
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda.amp, "autocast", lambda dtype: torch.autocast("cpu", dtype=dtype))
+    logits = []
+    trainer.model.roi_heads.box_predictor.cls_score.register_forward_hook(
+        lambda module, inputs, output: logits.append(output.dtype))
+    with pytest.raises(FloatingPointError) as error, detectron2_faults.explained_divergence(trainer):
+        trainer.train(start_iter, 8)  # do_train's
+    iteration, last = divergence_report(str(error.value))
+    assert iteration == trainer.iter == 1 and len(logits) == 2 and last is None  # 0-based: the second step
+    assert set(logits) == {torch.float16}
+    assert "AMPTrainer's GradScaler skipped 2 optimizer steps in a row" in str(error.value)
+    assert trainer.grad_scaler.get_scale() == pytest.approx(1e30 / 2 ** 2)
+
+
 def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(coco_root, trained, tmp_path):
     """A full disk while model_final.pth is rewritten at the end of a resumed run (ulimit -f): an
     error naming the file and the cause; the earlier model_final.pth (fvcore would have truncated
@@ -667,23 +706,56 @@ def test_prefer_ema_is_a_backbone_setting(tmp_path):
                 assert torch.equal(loaded[k], v), (prefer_ema, k)
 
 
-@pytest.mark.parametrize("config,extra", [(QUICKSTART, ["model.backbone.net.use_act_checkpoint=True"]),
-                                           ("lvis/cascade_mask_rcnn_srvit_s_t3.py", [])],
-                         ids=["t_t2-act_checkpoint", "lvis-cascade-s_t3"])
-def test_two_process_ddp_on_cpu(request, config, extra):
+def test_two_process_ddp_on_cpu(lvis_root):
     """Two iterations, so that a parameter without a gradient would fail the second one
     (detectron2's default DDP settings: find_unused_parameters=False). The S-T3 backbone runs
     inside the LVIS Cascade Mask R-CNN: the cascade's three stages, the federated loss and the
-    repeat-factor sampler under DDP too (builtin lvis_v1_* names on synthetic LVIS)."""
-    root = request.getfixturevalue("lvis_root" if config.startswith("lvis") else "coco_root")
-    config = config if os.path.isabs(config) else os.path.join(CONFIGS, config)
+    repeat-factor sampler under DDP too (builtin lvis_v1_* names on synthetic LVIS). The tiny
+    Mask R-CNN's DDP run (act checkpointing on) is test_two_machines_..., below."""
+    config = os.path.join(CONFIGS, "lvis/cascade_mask_rcnn_srvit_s_t3.py")
     assert LazyConfig.load(config).train.ddp.find_unused_parameters is False
-    out = str(root / f"ddp_{os.path.basename(config)}")
-    proc, log = run_train_net(root, *tiny_overrides(config), *extra, f"train.output_dir={out}", "train.max_iter=2",
+    out = str(lvis_root / f"ddp_{os.path.basename(config)}")
+    proc, log = run_train_net(lvis_root, *tiny_overrides(config), f"train.output_dir={out}", "train.max_iter=2",
                               "train.eval_period=1000", "dataloader.train.total_batch_size=2", "train.log_period=1",
                               config=config, num_gpus=2)
     assert proc.returncode == 0, log[-3000:]
     assert "iter: 1" in log
+
+
+def test_two_machines_train_as_one_and_a_killed_rank_ends_the_job(coco_root, tmp_path):
+    """tools/train_net.py as 2 machines x 1 process on 127.0.0.1 (--num-machines 2 --machine-rank R
+    --dist-url) and as 1 machine x 2 processes (--num-gpus 2), side by side, DDP with detectron2's
+    defaults (find_unused_parameters=False) and act checkpointing: the checkpoint after 2 steps
+    is the same, bit for bit. Then machine 1's worker is SIGKILLed: both machines exit non-zero
+    within 120 s, no worker is left, machine 1 names rank 1 and the signal, and the checkpoint is
+    as it was written. (The 1 x 2 run is stopped at that checkpoint.)"""
+    config = LazyConfig.load(QUICKSTART)
+    assert config.train.ddp.find_unused_parameters is False
+    env = dict(os.environ, DETECTRON2_DATASETS=str(coco_root / "data"), OMP_NUM_THREADS="1")
+
+    def launch(layout, log, *processes):
+        return subprocess.Popen([sys.executable, os.path.join(ROOT, "tools", "train_net.py"), "--config", QUICKSTART,
+                                 *processes, *TINY, "model.backbone.net.use_act_checkpoint=True", "train.max_iter=20",
+                                 "train.eval_period=1000", "dataloader.train.total_batch_size=2",
+                                 "train.checkpointer.period=2", f"train.output_dir={tmp_path / layout}"], env=env,
+                                cwd=str(coco_root), stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    def spawned(pid):  # a machine's workers: detectron2's launch spawns them (multiprocessing's resource tracker aside)
+        return [child for child in child_pids(pid) if b"spawn_main" in open(f"/proc/{child}/cmdline", "rb").read()]
+
+    port, logs = free_port(), [tmp_path / f"machine{r}.log" for r in (0, 1)]
+    machines = [launch("2x1", log, "--num-gpus", "1", "--num-machines", "2", "--machine-rank", str(rank),
+                       "--dist-url", f"tcp://127.0.0.1:{port}") for rank, log in enumerate(logs)]
+    second_step = "model_0000001.pth"  # iterations 0 and 1
+    saved = kill_machine_1_beside_one_machine(  # "" in a file: it exists (checkpoints are renamed in place whole)
+        machines, launch("1x2", tmp_path / "1x2.log", "--num-gpus", "2"), (tmp_path / "2x1" / second_step, ""),
+        (tmp_path / "1x2" / second_step, ""), tmp_path / "2x1" / second_step, workers=spawned)
+    assert re.search(r"rank 1 \(process \d+ on machine 1\) was killed by signal SIGKILL", logs[1].read_text())
+    assert (tmp_path / "2x1" / second_step).read_bytes() == saved
+    two, one = (torch.load(tmp_path / layout / second_step, weights_only=True) for layout in ("2x1", "1x2"))
+    assert two["iteration"] == one["iteration"] == 1
+    assert_same_tensors(two["model"], one["model"])
 
 
 @pytest.mark.parametrize("override,error,match", [

@@ -71,7 +71,7 @@ def scaled_steps(scaler, loss_of, steps, counter):
     the first step at which ``counter`` says stop, or None."""
     weight = torch.zeros(4, requires_grad=True)
     optimizer = torch.optim.SGD([weight], lr=0.1)
-    counter.update(scaler)  # the scale before the first step
+    counter.start(scaler)  # the scale before the first step
     for step in range(steps):
         optimizer.zero_grad()
         scaler.scale(loss_of(weight)).backward()

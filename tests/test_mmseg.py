@@ -1,10 +1,12 @@
 """MMSegmentation: the SR-ViT backbone, the layer-decay constructor, the configs, and
 mmseg's own tools/train.py / tools/test.py end to end on synthetic ADE20K-layout data."""
+import contextlib
 import functools
 import glob
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -13,17 +15,21 @@ import mmseg
 import pytest
 import torch
 from mmengine.config import Config
+from mmengine.fileio import register_backend
 from mmengine.registry import DefaultScope
-from mmengine.optim import build_optim_wrapper
+from mmengine.optim import AmpOptimWrapper, OptimWrapper, build_optim_wrapper
+from mmengine.registry import OPTIM_WRAPPERS
 from mmseg.registry import MODELS
 from mmseg.utils import register_all_modules
 
 import srvit_backbones
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import CheckpointError, create_srvit
+from srvit_backbones.openmmlab.hooks import AtomicLocalBackend
 from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg, assert_mmengine_resume_restores,
-                     assert_mmengine_run_stops_diverged, file_size_limit, free_port, torchrun,
-                     interpolated_pos_embed, load_tool, side_by_side, trained_mmseg)
+                     assert_mmengine_run_stops_diverged, divergence_report, file_size_limit, free_port,
+                     interpolated_pos_embed, kill_machine_1_beside_one_machine, load_tool, side_by_side, torchrun,
+                     trained_mmseg)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "mmseg_configs")
@@ -238,6 +244,8 @@ def logged_test_metrics(work_dir):
 SMALL = ["train_cfg.max_iters=24", "train_cfg.val_interval=24", "default_hooks.logger.interval=2",
          "default_hooks.checkpoint.interval=24", "train_dataloader.batch_size=2",
          "param_scheduler.0.end=2", "param_scheduler.1.begin=2", "param_scheduler.1.end=48"]  # lr > 0 at 24
+CROP_64 = ["model.data_preprocessor.size=(64,64)", "model.backbone.img_size=(64,64)",
+           "train_dataloader.dataset.pipeline.3.crop_size=(64,64)"]  # a quarter of the quickstart's work
 RESUMED = [o.replace("max_iters=24", "max_iters=26") for o in SMALL] + ["train_cfg.val_interval=1000"]
 
 
@@ -298,18 +306,26 @@ def test_a_diverged_run_stops_at_once_naming_the_last_checkpoint(seg_root, tmp_p
     assert_mmengine_run_stops_diverged(runner, work)
 
 
-def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(seg_root, trained, tmp_path, monkeypatch):
-    """A full disk while iter_26.pth is written (ulimit -f), with max_keep_ckpts=1 (mmengine
-    removes the kept iter_24.pth before writing): an error naming the file and the cause;
-    iter_24.pth stays complete and named by last_checkpoint, and --resume restores it by value."""
+def resumed_from_iter_24(seg_root, trained, tmp_path, monkeypatch, *options):
+    """A work dir holding ``trained``'s iter_24.pth, named by last_checkpoint, and the Runner of
+    tools/train_seg.py that resumes from it to iteration 26 with max_keep_ckpts=1 (mmengine
+    removes the kept iter_24.pth before writing iter_26.pth) and ``options``: (work dir, the
+    bytes of iter_24.pth, runner)."""
     work = tmp_path / "work"
     work.mkdir()
     shutil.copy(os.path.join(trained[0], "iter_24.pth"), work)
     (work / "last_checkpoint").write_text(str(work / "iter_24.pth"))
-    saved = (work / "iter_24.pth").read_bytes()
     monkeypatch.chdir(seg_root)
     runner = load_tool("train_seg").build_runner([QUICKSTART, "--work-dir", str(work), "--resume", "--cfg-options",
-                                                  *RESUMED, "default_hooks.checkpoint.max_keep_ckpts=1"])
+                                                  *RESUMED, "default_hooks.checkpoint.max_keep_ckpts=1", *options])
+    return work, (work / "iter_24.pth").read_bytes(), runner
+
+
+def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(seg_root, trained, tmp_path, monkeypatch):
+    """A full disk while iter_26.pth is written (ulimit -f), with max_keep_ckpts=1 (mmengine
+    removes the kept iter_24.pth before writing): an error naming the file and the cause;
+    iter_24.pth stays complete and named by last_checkpoint, and --resume restores it by value."""
+    work, saved, runner = resumed_from_iter_24(seg_root, trained, tmp_path, monkeypatch)
     with file_size_limit(len(saved) // 2), \
             pytest.raises(OSError, match=rf"'{work / 'iter_26.pth'}' was not written: File too large"):
         runner.train()
@@ -318,31 +334,111 @@ def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(seg_root, trai
     check_resume_restores_state(seg_root, str(work), monkeypatch)
 
 
-def test_torchrun_on_cpus_two_machines_train_as_one_machine_two_processes(seg_root, tmp_path):
+class DiskFullAfterCheckpoint(AtomicLocalBackend):
+    """Writes a checkpoint whole, then leaves room for no more than 16 bytes in any file (ulimit
+    -f): the disk filling up between the checkpoint and the ``last_checkpoint`` pointer."""
+
+    def put(self, obj, filepath):
+        super().put(obj, filepath)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+DISK_FULL = "disk_full_after_checkpoint"
+register_backend(DISK_FULL, DiskFullAfterCheckpoint)
+
+
+def test_a_pointer_write_cut_short_keeps_naming_the_last_complete_checkpoint(seg_root, trained, tmp_path,
+                                                                             monkeypatch):
+    """The disk full once iter_26.pth is written (max_keep_ckpts=1): the pointer's write fails
+    naming it, and last_checkpoint stays whole, naming iter_24.pth, which is still there (mmengine
+    rewrites the pointer in place, which leaves it cut short; and removes iter_24.pth first)."""
+    work, saved, runner = resumed_from_iter_24(seg_root, trained, tmp_path, monkeypatch,
+                                               f"default_hooks.checkpoint.backend_args.backend={DISK_FULL}")
+    with file_size_limit(resource.RLIM_INFINITY), \
+            pytest.raises(OSError, match=rf"'{work / 'last_checkpoint'}' was not written: File too large"):
+        runner.train()
+    assert (work / "last_checkpoint").read_text() == str(work / "iter_24.pth")
+    assert (work / "iter_24.pth").read_bytes() == saved and not list(work.glob("*.tmp"))
+    assert torch.load(work / "iter_26.pth", map_location="cpu", weights_only=False)["meta"]["iter"] == 26
+
+
+@OPTIM_WRAPPERS.register_module()
+class CPUAmpOptimWrapper(AmpOptimWrapper):
+    """mmengine's ``AmpOptimWrapper`` (its backward, step and state: loss scaling and skipped
+    steps) on a CPU GradScaler, under fp16 CPU autocast, so that the CUDA path's branches run
+    here. Its own ``__init__`` asserts a GPU (amp_optimizer_wrapper.py, line 76) and makes
+    ``torch.cuda.amp.GradScaler`` (line 20), and the ``optim_context`` autocast allows only bf16
+    on the CPU (mmengine/runner/amp.py, line 130): those two are replaced."""
+
+    def __init__(self, loss_scale=None, dtype=torch.float16, **kwargs):
+        OptimWrapper.__init__(self, **kwargs)
+        self._scale_update_param = None
+        self.loss_scaler = torch.amp.GradScaler("cpu", **(loss_scale or {}))
+        self.cast_dtype = dtype
+
+    @contextlib.contextmanager
+    def optim_context(self, model):
+        with OptimWrapper.optim_context(self, model), torch.autocast("cpu", dtype=self.cast_dtype):
+            yield
+
+
+def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(seg_root, tmp_path, monkeypatch):
+    """tools/train_seg.py's Runner under fp16 with AmpOptimWrapper's loss scaling (on the CPU),
+    its GradScaler at a scale that overflows fp16's gradients at every halving (1e30): every step
+    is skipped, silently to mmengine, and the config's DivergenceCheckHook stops the run at the
+    first skip past its limit (1 here: the CPU's emulated fp16 steps take seconds; the default 20
+    is counted in test_pretrain and test_faults)."""
+    config = tmp_path / "upernet_fp16.py"
+    config.write_text(f"_base_ = {QUICKSTART!r}\n"
+                      "custom_hooks = [dict(type='DivergenceCheckHook', max_consecutive_skipped_steps=1)]\n"
+                      "optim_wrapper = dict(type='CPUAmpOptimWrapper', loss_scale=dict(init_scale=1e30))\n")
+    monkeypatch.chdir(seg_root)
+    runner = load_tool("train_seg").build_runner([str(config), "--work-dir", str(tmp_path / "work"), "--cfg-options",
+                                                  *SMALL, *CROP_64])
+    logits = []  # (dtype, shape) of the decode head's logits, a step each
+    runner.model.decode_head.conv_seg.register_forward_hook(
+        lambda module, inputs, output: logits.append((output.dtype, tuple(output.shape))))
+    with pytest.raises(FloatingPointError) as error:
+        runner.train()
+    iteration, last = divergence_report(str(error.value))
+    assert iteration == runner.iter + 1 == len(logits) == 2 and last is None
+    assert set(logits) == {(torch.float16, (2, 150, 16, 16))}  # fp16, of 64x64 crops
+    assert "AmpOptimWrapper's GradScaler skipped 2 optimizer steps in a row" in str(error.value)
+    assert "fp32: optim_wrapper.type=OptimWrapper" in str(error.value)
+    assert runner.optim_wrapper.loss_scaler.get_scale() == pytest.approx(1e30 / 2 ** 2)
+
+
+def test_torchrun_on_cpus_two_machines_train_as_one_and_a_killed_rank_ends_the_job(seg_root, tmp_path):
     """The distributed path (torchrun ... --launcher pytorch, gloo), which mmengine's init_dist
     cannot start without a GPU, of both scripts users run: tools/train_seg.py as 2 machines x 1
     process on 127.0.0.1 and mmseg's own tools/train.py (what ``mim train mmseg`` runs; the
     config's ``runner_type='SRViTRunner'``; without it, "Found no NVIDIA driver") as 1 machine x 2
-    processes: the same 2 steps from the same seed give the same weights."""
-    import mmseg
+    processes, side by side: the same 2 steps from the same seed give the same weights. Then
+    machine 1's worker is SIGKILLed: both torchruns exit non-zero within 120 s, no worker is left,
+    machine 1's names rank 1 and the signal, and iter_2.pth is as it was written. (The 1 x 2 run
+    is stopped at its iter_2.pth.)"""
+    scripts = {"2x1": os.path.join(ROOT, "tools", "train_seg.py"), "1x2": os.path.join(MMSEG_TOOLS, "train.py")}
 
-    scripts = {"2x1": os.path.join(ROOT, "tools", "train_seg.py"),
-               "1x2": os.path.join(os.path.dirname(mmseg.__file__), ".mim", "tools", "train.py")}
+    def launch(layout, node_rank, port):
+        return subprocess.Popen([sys.executable, *torchrun(layout, port, node_rank), scripts[layout], QUICKSTART,
+                                 "--launcher", "pytorch", "--work-dir", str(tmp_path / layout), "--cfg-options",
+                                 "env_cfg.dist_cfg.backend=gloo", "train_cfg.max_iters=20",
+                                 "train_cfg.val_interval=1000", "default_hooks.logger.interval=1",
+                                 "default_hooks.checkpoint.interval=2", "train_dataloader.batch_size=2"],
+                                cwd=str(seg_root), env=dict(os.environ, OMP_NUM_THREADS="1"), stderr=subprocess.STDOUT,
+                                stdout=open(tmp_path / f"{layout}_{node_rank}.log", "w"), start_new_session=True)
 
-    def train(layout, node_rank, port):
-        return run(seg_root, *torchrun(layout, port, node_rank), scripts[layout],
-                   QUICKSTART, "--launcher", "pytorch", "--work-dir", str(tmp_path / layout), "--cfg-options",
-                   "env_cfg.dist_cfg.backend=gloo", "train_cfg.max_iters=2", "train_cfg.val_interval=1000",
-                   "default_hooks.logger.interval=1", "default_hooks.checkpoint.interval=2",
-                   "train_dataloader.batch_size=2", timeout=300)
-
-    two_ports = free_port(), free_port()
-    runs = side_by_side(functools.partial(train, "2x1", 0, two_ports[0]),
-                        functools.partial(train, "2x1", 1, two_ports[0]), functools.partial(train, "1x2", 0, two_ports[1]))
-    for proc, log in runs:
-        assert proc.returncode == 0, log[-3000:]
-    for _, log in (runs[0], runs[2]):  # rank 0's
-        assert "Distributed launcher: pytorch" in log and "GPU number: 2" in log  # mmengine's name for the world size
+    port = free_port()
+    machines = [launch("2x1", rank, port) for rank in (0, 1)]
+    saved = kill_machine_1_beside_one_machine(  # "" in a file: it exists (checkpoints are renamed in place whole)
+        machines, launch("1x2", 0, free_port()), (tmp_path / "2x1" / "iter_2.pth", ""),
+        (tmp_path / "1x2" / "iter_2.pth", ""), tmp_path / "2x1" / "iter_2.pth")
+    machine_1 = (tmp_path / "2x1_1.log").read_text()
+    assert re.search(r"rank\s*: 1 \(local_rank: 0\)\s+exitcode\s*: -9", machine_1), machine_1[-2000:]
+    assert (tmp_path / "2x1" / "iter_2.pth").read_bytes() == saved
+    for log in ("2x1_0", "1x2_0"):  # rank 0's
+        text = (tmp_path / f"{log}.log").read_text()
+        assert "Distributed launcher: pytorch" in text and "GPU number: 2" in text  # mmengine's name for the world size
     weights = [torch.load(tmp_path / layout / "iter_2.pth", map_location="cpu", weights_only=False)["state_dict"]
                for layout in ("2x1", "1x2")]
     assert weights[0].keys() == weights[1].keys()

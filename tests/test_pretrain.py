@@ -12,10 +12,10 @@ import torch
 from PIL import Image, ImageOps
 from timm.data import auto_augment
 
-from srvit_backbones import create_srvit
+from srvit_backbones import create_srvit, faults
 from srvit_backbones.pretrain import augment, engine, recipe, trainer
-from helpers import (child_pids, divergence_report, file_size_limit, free_port, interpolated_pos_embed, is_running,
-                     load_tool, torchrun, wait_for_text)
+from helpers import (divergence_report, file_size_limit, free_port, interpolated_pos_embed,
+                     kill_machine_1_beside_one_machine, load_tool, torchrun)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -463,28 +463,59 @@ def test_ddp_is_compiled_after_wrapping(image_folder, tmp_path):
     assert engine.unwrap(run.train_model) is run.model and run.train_model._orig_mod.module is run.model
 
 
-def test_a_non_finite_loss_is_caught_at_the_logging_period(image_folder, tmp_path):
-    """The loss is read once per logging period (no device sync per step); a non-finite loss
-    anywhere in the period stops training with the iterations it happened in."""
-    run = trainer.build(recipe.parse(tiny_args(image_folder, tmp_path, "--log-interval", "2", "--mixup", "0",
-                                               "--cutmix", "0", "--smoothing", "0")), distributed=False)
-    calls = []
-
-    def first_loss_nan(outputs, targets):
-        calls.append(len(calls))
-        loss = torch.nn.functional.cross_entropy(outputs, targets)
-        return loss * float("nan") if len(calls) == 1 else loss
-
-    with pytest.raises(FloatingPointError, match=r"not finite in iterations 0\.\.1 of epoch 0"):
-        engine.train_one_epoch(0, run.train_model, run.train_loader, run.optimizer, first_loss_nan, run.scheduler,
-                               run.args, state=run.state)
-    assert calls == [0, 1]  # the second step ran: nothing read the first loss before the period
-
-
 # ----------------------------------------------------------------------------- faults (issue 45)
+def test_a_diverged_run_stops_within_the_loss_check_interval(image_folder, tmp_path):
+    """A real divergence (lr 1e6) with log lines far apart (--log-interval 1000): the run stops
+    at the first check of the loss after it went non-finite, at most LOSS_CHECK_INTERVAL - 1
+    steps later, and names the step whose loss was the first non-finite one."""
+    run = trainer.build(recipe.parse(tiny_args(image_folder, tmp_path, "--epochs", "1", "--lr", "1e6",
+                                               "--warmup-epochs", "0", "--mixup", "0", "--cutmix", "0",
+                                               "--batch-size", "2", "--max-iters-per-epoch", "0",
+                                               "--log-interval", "1000")), distributed=False)
+    losses, criterion = [], run.criterion
+    run.criterion = lambda outputs, targets: losses.append(criterion(outputs, targets)) or losses[-1]
+    with pytest.raises(FloatingPointError) as error:
+        trainer.fit(run)
+    first = next(step for step, loss in enumerate(losses, 1) if not torch.isfinite(loss))
+    iteration, last = divergence_report(str(error.value))
+    assert iteration == first and last is None and "--lr" in str(error.value)
+    assert f"the loss became {losses[first - 1].item()} (step {first} of epoch 0)" in str(error.value)
+    checked_at = engine.LOSS_CHECK_INTERVAL * -(-first // engine.LOSS_CHECK_INTERVAL)  # the next multiple
+    assert run.state["global_iter"] == len(losses) == checked_at < run.iters_per_epoch == 9  # not the epoch's end
+    assert first > 1  # a real divergence: the initial weights' loss was finite
+
+
+def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(image_folder, tmp_path):
+    """fp16 autocast on the CPU with timm's NativeScaler on a CPU GradScaler (the CUDA path's
+    branches; --amp refuses fp16 on the CPU) resumed at a scale that overflows fp16's gradients
+    at every halving (2**100): each step is skipped, the loss stays finite, and the run stops at
+    the 21st skipped step in a row, naming it; the weights never moved."""
+    from timm.utils import NativeScaler
+
+    run = trainer.build(recipe.parse(tiny_args(image_folder, tmp_path, "--batch-size", "1", "--max-iters-per-epoch",
+                                               "0", "--log-interval", "1000", "--mixup", "0", "--cutmix", "0")),
+                        distributed=False)
+    scaler = NativeScaler(device="cpu")
+    scaler.load_state_dict({**scaler.state_dict(), "scale": 2.0 ** 100})
+    before = {k: v.clone() for k, v in run.model.state_dict().items()}
+    dtypes = []
+    run.model.head.register_forward_hook(lambda module, inputs, output: dtypes.append(output.dtype))
+    with pytest.raises(FloatingPointError) as error:
+        for epoch in range(2):  # 18 steps each
+            engine.train_one_epoch(epoch, run.train_model, run.train_loader, run.optimizer, run.criterion,
+                                   run.scheduler, run.args, loss_scaler=scaler, state=run.state, dtype=torch.float16)
+    limit = faults.MAX_CONSECUTIVE_SKIPPED_STEPS
+    iteration, last = divergence_report(str(error.value))
+    assert iteration == len(dtypes) == limit + 1 and set(dtypes) == {torch.float16} and last is None
+    assert f"skipped {limit + 1} optimizer steps in a row" in str(error.value)
+    assert scaler._scaler.get_scale() == 2.0 ** (100 - limit - 1)
+    assert_same_tensors(run.model.state_dict(), before)
+
+
 def test_a_diverged_run_stops_naming_the_last_checkpoint(image_folder, tmp_path):
-    """A real divergence (lr 1e6, checked every iteration): stopped at once, naming the iteration,
-    what to try and the last checkpoint, which holds finite weights (non-finite ones are not saved)."""
+    """tools/pretrain.py diverging (lr 1e6) with a checkpoint every 2 steps (an epoch): stopped
+    naming the iteration, what to try and the last checkpoint, which holds finite weights
+    (non-finite ones are not saved)."""
     with pytest.raises(FloatingPointError) as error:
         load_tool("pretrain").main(tiny_args(image_folder, tmp_path, "--epochs", "3", "--lr", "1e6",
                                              "--warmup-epochs", "0", "--mixup", "0", "--cutmix", "0"))
@@ -517,37 +548,33 @@ def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(interrupted, i
 def test_a_rank_killed_mid_epoch_ends_the_job_on_every_machine(image_folder, tmp_path):
     """2 machines x 1 process on 127.0.0.1; rank 1's worker SIGKILLed in the middle of epoch 1:
     both machines' torchrun exit non-zero within 120 s, no worker is left, the log names rank 1
-    and the signal, and the checkpoint of epoch 0 is as it was written."""
-    import signal
+    and the signal, and the checkpoint of epoch 0 is as it was written. The same launch is the
+    multi-node run: its epoch-0 weights equal, bit for bit, those of 1 machine x 2 processes run
+    alongside for that epoch only (the 2 epochs' 8 steps are all warmup, whose lrs do not depend on
+    the number of epochs)."""
     import subprocess
     import sys
-    import time
 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get(
         "PYTHONPATH")])))
-    port, logs, agents = free_port(), [tmp_path / f"node{r}.log" for r in (0, 1)], []
-    for rank, log in enumerate(logs):
-        agents.append(subprocess.Popen(
-            [sys.executable, *torchrun("2x1", port, rank), os.path.join(ROOT, "tools", "pretrain.py"),
-             *tiny_args(image_folder, tmp_path / "out", "--epochs", "2", "--max-iters-per-epoch", "4",
-                        "--device", "cpu")], env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT))
-    try:
-        wait_for_text(logs[0], "epoch 1 [1/4]", agents[0])  # rank 0 logs; epoch 0's last.pth is written
-        saved = (tmp_path / "out" / "last.pth").read_bytes()
-        workers = [pid for agent in agents for pid in child_pids(agent.pid)]
-        (victim,) = child_pids(agents[1].pid)
-        os.kill(victim, signal.SIGKILL)
-        killed = time.monotonic()
-        codes = [agent.wait(timeout=120) for agent in agents]
-        seconds = time.monotonic() - killed
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                agent.kill()
-    assert all(code != 0 for code in codes) and seconds < 120, (codes, seconds)
-    assert len(workers) == 2 and not any(is_running(pid) for pid in workers)
+
+    def launch(layout, rank, port, log, epochs):
+        return subprocess.Popen([sys.executable, *torchrun(layout, port, rank),
+                                 os.path.join(ROOT, "tools", "pretrain.py"), *tiny_args(
+                                     image_folder, tmp_path / layout, "--epochs", str(epochs), "--warmup-epochs", "2",
+                                     "--max-iters-per-epoch", "4", "--device", "cpu")], env=env,
+                                stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+    port, logs = free_port(), [tmp_path / f"node{r}.log" for r in (0, 1)]
+    agents = [launch("2x1", rank, port, log, epochs=2) for rank, log in enumerate(logs)]
+    saved = kill_machine_1_beside_one_machine(  # rank 0 logs epoch 1 once epoch 0's last.pth is written
+        agents, launch("1x2", 0, free_port(), tmp_path / "1x2.log", epochs=1), (logs[0], "epoch 1 [1/4]"), None,
+        tmp_path / "2x1" / "last.pth")
     node1 = logs[1].read_text()
     assert re.search(r"rank\s*: 1 \(local_rank: 0\)\s+exitcode\s*: -9", node1), node1[-2000:]
-    assert (tmp_path / "out" / "last.pth").read_bytes() == saved
-    assert torch.load(tmp_path / "out" / "last.pth", weights_only=True)["epoch"] == 0
+    assert (tmp_path / "2x1" / "last.pth").read_bytes() == saved
+    two_machines, one_machine = (torch.load(tmp_path / layout / "last.pth", weights_only=True)
+                                 for layout in ("2x1", "1x2"))
+    assert two_machines["epoch"] == one_machine["epoch"] == 0
+    assert_same_tensors(two_machines["model"], one_machine["model"])
 

@@ -26,6 +26,9 @@ class DivergenceCheck(HookBase):
         self.checkpointer = checkpointer
         self.skipped = SkippedStepCounter(max_consecutive_skipped_steps)
 
+    def before_train(self):
+        self.skipped.start(getattr(self.trainer, "grad_scaler", None))  # after a resume loaded it
+
     def after_step(self):
         if self.skipped.update(getattr(self.trainer, "grad_scaler", None)):
             raise Diverged(divergence_message(self.skipped.describe("the AMPTrainer's GradScaler"),
