@@ -62,6 +62,9 @@ def resolve_config(framework: str, path: str) -> str:
     one lookup both frameworks' tools use. Raises ``FileNotFoundError`` naming the choices."""
     if os.path.isfile(path):
         return path
+    if framework not in _FOLDERS:
+        raise FileNotFoundError(f"config {path!r} not found: no such file (the {framework} framework ships no "
+                                f"configs to name)")
     shipped = config_path(framework, path)
     if shipped is None:
         raise FileNotFoundError(f"config {path!r} not found: neither a file nor a shipped {framework} config "

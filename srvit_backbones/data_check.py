@@ -12,7 +12,7 @@ Two layouts, the ones every framework here reads:
 Images are checked from their headers (size, mode, EXIF orientation) and their last bytes (a JPEG's
 or PNG's end marker: a copy cut short), without decoding the pixels; label maps are decoded, since
 their values are what is checked. The framework adapters turn their configs into splits
-(``srvit_backbones.detectron2.data_check``, ``srvit_backbones.openmmlab.data_check``). Imports
+(``srvit_backbones.detectron2.custom_data``, ``srvit_backbones.openmmlab.data_check``). Imports
 numpy and PIL only.
 """
 import json

@@ -126,9 +126,7 @@ def read_weights(checkpoint: str, key: str, framework: str, hint: str):
     SystemExit that says why the file is not a ``framework`` checkpoint and, with ``hint`` (the
     adapter's ``checkpoint_hint``), where one comes from."""
     if not os.path.isfile(checkpoint):
-        raise SystemExit(f"--checkpoint {checkpoint!r} does not exist: train one with tools/train_net.py "
-                         f"(model_final.pth in train.output_dir), tools/train_seg.py or tools/train_det.py "
-                         f"(iter_N.pth in the work dir)")
+        raise SystemExit(f"--checkpoint {checkpoint!r} does not exist. Fix: {hint}")
     try:
         obj = read_checkpoint(checkpoint)
     except CheckpointError as e:

@@ -142,6 +142,7 @@ class SkippedStepCounter:
         self.consecutive = 0
         self.total = 0
         self._scale = None
+        self._last_skipped_at = None  # the scale the last skipped step ran at
 
     def start(self, scaler) -> "SkippedStepCounter":
         """Record the scale ``scaler`` (or None) starts the next step from; returns self."""
@@ -156,10 +157,13 @@ class SkippedStepCounter:
         skipped = self._scale is not None and scale < self._scale
         self.consecutive = self.consecutive + 1 if skipped else 0
         self.total += int(skipped)
+        if skipped:
+            self._last_skipped_at = self._scale
         self._scale = scale
         return self.consecutive > self.limit
 
     def describe(self, scale_name: str = "the GradScaler") -> str:
         return (f"{scale_name} skipped {self.consecutive} optimizer steps in a row (non-finite gradients at every "
-                f"scale down to {self._scale:g}; {self.total} skipped in all), more than the {self.limit} allowed")
+                f"scale down to {self._last_skipped_at:g}; {self.total} skipped in all), more than the {self.limit} "
+                f"allowed")
 

@@ -204,9 +204,9 @@ def resolve(config: str, framework_name: Optional[str] = None, task: Optional[st
             raise FileNotFoundError(f"config {config!r} not found: neither a file nor a shipped config ("
                                     + "; ".join(f"{name}: {', '.join(_shipped_names(name))}" for name in candidates
                                                 if framework(name).config_folder) + ")")
-        if framework_name or len(found) == 1:
-            return found[0]
-        path = found[0][1]
+        if len(found) > 1 and not framework_name:
+            raise ValueError(f"{config!r} is shipped for {' and '.join(name for name, _ in found)}: pass --framework")
+        return found[0]
     if framework_name:
         return framework_name, path
     name = framework_of(path)
@@ -265,7 +265,11 @@ def _default_scope(path: str, text: str, depth: int = 0) -> Optional[str]:
     said = re.search(r"^default_scope\s*=\s*['\"](\w+)['\"]", text, re.M)
     if said or depth > 8:
         return said.group(1) if said else None
-    for node in ast.parse(text).body:
+    try:
+        body = ast.parse(text).body
+    except SyntaxError:  # not a config its framework could read either: the tool's --framework error says so
+        return None
+    for node in body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_base_" for t in node.targets):
             try:
                 bases = ast.literal_eval(node.value)

@@ -249,7 +249,7 @@ def bad_inputs(d2_run, seg_run, tmp_path):
     seg = ["quickstart/upernet_srvit_tiny_cpu.py", "--input", images, *out]
     return {
         "missing checkpoint": ([D2_QUICKSTART, "--checkpoint", "missing.pth", "--input", images, *out],
-                               "'missing.pth' does not exist: train one with tools/train_net.py"),
+                               "'missing.pth' does not exist. Fix: give the model_final.pth that tools/train_net.py wrote"),
         "not a checkpoint": ([D2_QUICKSTART, "--checkpoint", str(tmp_path / "neither.py"), "--input", images, *out],
                              "neither.py is not a PyTorch checkpoint"),
         "no images": ([D2_QUICKSTART, "--checkpoint", d2_ckpt, "--input", str(tmp_path / "empty"), *out],
@@ -315,3 +315,16 @@ def test_cuda_without_a_gpu_is_explained(d2_run, tmp_path):
     with pytest.raises(SystemExit, match="--device cuda, but no CUDA GPU is visible: run with --device cpu"):
         load_tool("demo").main([D2_QUICKSTART, "--checkpoint", str(d2_run / "out" / "model_final.pth"), "--input",
                           str(d2_val_images(d2_run)[0]), "--output", str(tmp_path), "--device", "cuda"])
+
+
+def test_the_score_threshold_reaches_every_box_predictor():
+    """The demo's --score-threshold is what the detector returns at all: Mask R-CNN's one box
+    predictor, each of a cascade's three."""
+    from srvit_backbones.detectron2.demo import set_score_threshold
+
+    _, mask_rcnn = srvit_backbones.load_config("mask_rcnn_srvit_s_t3.py", "detectron2")
+    _, cascade = srvit_backbones.load_config("cascade/cascade_mask_rcnn_srvit_s_t3.py", "detectron2")
+    set_score_threshold(mask_rcnn, 0.3)
+    set_score_threshold(cascade, 0.3)
+    assert mask_rcnn.model.roi_heads.box_predictor.test_score_thresh == 0.3
+    assert [p.test_score_thresh for p in cascade.model.roi_heads.box_predictors] == [0.3] * 3

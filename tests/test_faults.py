@@ -91,6 +91,7 @@ def test_a_grad_scaler_skipping_every_step_is_stopped_after_the_limit():
     assert counter.consecutive == counter.total == 21
     message = counter.describe()
     assert "skipped 21 optimizer steps in a row" in message and "more than the 20 allowed" in message
+    assert "every scale down to 0.0625" in message  # the 21st skipped step's: 2**16 / 2**20
 
 
 def test_a_grad_scaler_settling_its_scale_is_left_alone():

@@ -37,13 +37,21 @@ def test_every_shipped_config_is_told_by_its_text(path):
     assert framework_of(path) == framework
 
 
-def test_resolve_names_the_choices():
+def test_resolve_names_the_choices(tmp_path):
     assert resolve("upernet_srvit_s.py") == ("mmseg", os.path.join(ROOT, "mmseg_configs", "upernet_srvit_s.py"))
     assert resolve("cascade/cascade_mask_rcnn_srvit_s_t3.py", "detectron2")[0] == "detectron2"
     with pytest.raises(FileNotFoundError, match="upernet_srvit_s.py"):
         resolve("no_such_config.py")
     with pytest.raises(ValueError, match="unknown framework 'mmpose': choose detectron2, mmdet, mmseg"):
         resolve("upernet_srvit_s.py", "mmpose")
+    with pytest.raises(ValueError, match="'quickstart/mask_rcnn_srvit_tiny_cpu.py' is shipped for detectron2 and "
+                                         "mmdet: pass --framework"):
+        resolve("quickstart/mask_rcnn_srvit_tiny_cpu.py")
+    assert resolve("quickstart/mask_rcnn_srvit_tiny_cpu.py", "mmdet")[0] == "mmdet"
+    broken = tmp_path / "broken.py"
+    broken.write_text("model = dict(\n")
+    with pytest.raises(ValueError, match="cannot tell which framework .* pass --framework"):
+        resolve(str(broken))
 
 
 # ------------------------------------------------------------------ a fourth framework
@@ -161,6 +169,8 @@ def test_a_fourth_framework_is_served_by_the_tools(timm_classification, tmp_path
     assert drawn.shape == (40, 48, 3) and (drawn[:3] == 0).all()  # the label written on a band across its top
 
     assert "predictions drawn on 2 images" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--framework timm_classification ships no configs: name them with --configs"):
+        load_tool("count_flops").main(["--task", "classification", "--framework", "timm_classification"])
     rows = load_tool("count_flops").main(["--task", "classification", "--framework", "timm_classification",
                                           "--configs", str(config), "--json"])
     table2 = measure_variant("srvit_t_t2", (32, 32), 3)

@@ -382,6 +382,52 @@ class CPUAmpOptimWrapper(AmpOptimWrapper):
             yield
 
 
+def test_a_configs_own_runner_gets_the_same_fault_handling(seg_root, tmp_path, monkeypatch):
+    """A config that names another runner (``runner_type``) is built as mmseg's own script builds
+    it, from the registry, with the fault hooks added; ``custom_hooks`` as None or a tuple (both
+    mmengine's) take the divergence check too."""
+    from mmengine.runner import Runner
+
+    from srvit_backbones.openmmlab.hooks import DivergenceCheckHook
+    from srvit_backbones.openmmlab.tools import prepare_training
+
+    monkeypatch.chdir(seg_root)
+    runner = load_tool("train_seg").build_runner([QUICKSTART, "--work-dir", str(tmp_path), "--cfg-options", *SMALL,
+                                                  "runner_type=Runner"])
+    assert type(runner) is Runner and any(isinstance(hook, DivergenceCheckHook) for hook in runner.hooks)
+    for hooks, kept in ((None, []), ((dict(type="EMAHook"),), ["EMAHook"])):
+        cfg = Config(dict(custom_hooks=hooks, launcher="none"))
+        prepare_training(cfg)
+        assert [hook["type"] for hook in cfg.custom_hooks] == [*kept, "DivergenceCheckHook"]
+
+
+def test_under_gradient_accumulation_the_skips_are_counted_per_optimizer_step():
+    """With ``accumulative_counts=2`` the GradScaler steps (and skips) every second iteration only:
+    DivergenceCheckHook counts those iterations (the ones between leave the scale as it was, which
+    ended the row before) and stops at the 21st skipped step in a row, on mmengine's own
+    update_params; a gradient infinite at every scale (sqrt at 0). The runner is a stand-in
+    holding what the hook reads."""
+    from types import SimpleNamespace
+
+    from mmengine.logging import MessageHub, MMLogger
+
+    from srvit_backbones.faults import Diverged
+    from srvit_backbones.openmmlab.hooks import DivergenceCheckHook
+
+    weights = torch.nn.Parameter(torch.zeros(4))
+    wrapper = CPUAmpOptimWrapper(optimizer=torch.optim.SGD([weights], lr=0.1), accumulative_counts=2)
+    wrapper.initialize_count_status(torch.nn.Linear(1, 1), 0, 200)
+    runner = SimpleNamespace(optim_wrapper=wrapper, iter=0, message_hub=MessageHub.get_instance("accumulation"),
+                             logger=MMLogger.get_instance("accumulation"))
+    hook = DivergenceCheckHook()
+    hook.before_train(runner)
+    with pytest.raises(Diverged, match="skipped 21 optimizer steps in a row"):
+        for runner.iter in range(200):
+            wrapper.update_params(torch.sqrt(weights).sum())
+            hook.after_train_iter(runner, runner.iter)
+    assert runner.iter == 41 and hook.skipped.total == 21  # 0-based: iterations 1, 3, ..., 41 stepped
+
+
 def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(seg_root, tmp_path, monkeypatch):
     """tools/train_seg.py's Runner under fp16 with AmpOptimWrapper's loss scaling (on the CPU),
     its GradScaler at a scale that overflows fp16's gradients at every halving (1e30): every step

@@ -20,6 +20,7 @@ import srvit_backbones
 from srvit_backbones import flops_table
 from srvit_backbones.flops import Counted
 from srvit_backbones.frameworks import TASKS, adapter, frameworks
+from srvit_backbones.frameworks import framework as framework_row
 from srvit_backbones.models import VARIANTS
 
 
@@ -52,6 +53,8 @@ def table4_rows(args):
     if framework not in choices:
         sys.exit(f"--framework {framework} has no {args.task} configs; "
                  f"choose {' or '.join(choices) or 'no --framework (the variants)'}")
+    if not args.configs and framework_row(framework).config_folder is None:
+        sys.exit(f"--framework {framework} ships no configs: name them with --configs")
     names = args.configs or srvit_backbones.list_configs(framework)
     try:
         # a shipped folder ("cascade/") stands for its configs

@@ -6,16 +6,23 @@ from .adapter import Detectron2Adapter
 from .predictor import LazyConfigPredictor
 
 
+def set_score_threshold(cfg, score_threshold: float) -> None:
+    """The test score threshold of the LazyConfig's box predictor, or of each of a cascade's."""
+    heads = cfg.model.roi_heads
+    for predictor in heads.box_predictors if "box_predictors" in heads else [heads.box_predictor]:
+        predictor.test_score_thresh = score_threshold
+
+
 class Detectron2Demo(DetectionDemo):
     """Args:
-        cfg: a LazyConfig (``Detectron2Adapter.load_config``); its box predictor's test score
-            threshold is set to ``score_threshold``, what the detector returns at all.
+        cfg: a LazyConfig (``Detectron2Adapter.load_config``); its box predictors' test score
+            threshold (a cascade's three) is set to ``score_threshold``, what the detector returns at all.
         checkpoint: tools/train_net.py's model_final.pth, refused unless it fits the model entirely.
         device, amp: where the model runs, and in mixed precision (``srvit_backbones.amp``)."""
 
     def __init__(self, cfg, checkpoint: str, device: str = "cpu", amp: bool = False, score_threshold: float = 0.5):
         hint = Detectron2Adapter.checkpoint_hint
-        cfg.model.roi_heads.box_predictor.test_score_thresh = score_threshold
+        set_score_threshold(cfg, score_threshold)
         _, weights = read_weights(checkpoint, "model", "detectron2", hint)
         with refused_unless_it_fits(hint):
             self.predictor = LazyConfigPredictor(cfg, weights, device, amp, source=checkpoint)

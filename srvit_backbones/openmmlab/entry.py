@@ -12,12 +12,13 @@ import argparse
 import os.path as osp
 
 from mmengine.config import Config, DictAction
+from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 from ..frameworks import adapter
 from .fine_tune import check_load_from
 from .runner import SRViTRunner
-from .tools import apply_amp, check_compile
+from .tools import apply_amp, check_compile, prepare_training
 
 
 class ScriptOptions:
@@ -89,9 +90,19 @@ def build_train_runner(framework: str, argv=None) -> Runner:
     check_compile(cfg)
     tools.SCRIPT_OPTIONS.apply_train_arguments(cfg, args)
     tools.check_data(cfg, ("train_dataloader", "val_dataloader"), read_files=not args.skip_data_check)
-    runner = SRViTRunner.from_cfg(cfg)  # with the fault handling (prepare_training)
+    runner = build_runner(cfg)
     check_load_from(runner)  # fine-tuning: only the class-dependent layers may differ
     return runner
+
+
+def build_runner(cfg: Config) -> Runner:
+    """The config's runner as mmseg's and mmdet's own scripts build it: ``SRViTRunner`` (the
+    shipped configs' ``runner_type``, and the default), or the one a config names (mmengine's
+    ``FlexibleRunner``...) from mmengine's registry, with the same fault handling applied first."""
+    if cfg.get("runner_type", "SRViTRunner") == "SRViTRunner":
+        return SRViTRunner.from_cfg(cfg)  # applies prepare_training
+    prepare_training(cfg)
+    return RUNNERS.build(cfg)
 
 
 def run_train(framework: str, argv=None) -> None:
@@ -126,7 +137,7 @@ def build_test_runner(framework: str, argv=None) -> Runner:
     cfg.load_from = args.checkpoint
     tools.check_data(cfg, ("test_dataloader",))
     tools.SCRIPT_OPTIONS.apply_test_arguments(cfg, args)
-    return SRViTRunner.from_cfg(cfg)
+    return build_runner(cfg)
 
 
 def run_test(framework: str, argv=None) -> None:

@@ -74,6 +74,9 @@ class SRViTCheckpointHook(CheckpointHook):
     Non-finite weights are not saved: the run stops instead (``faults.refuse_non_finite_weights``),
     so a checkpoint is never replaced by a diverged one.
 
+    Not covered: ``save_best`` (mmengine removes the previous best file before writing the new
+    one) and ``published_keys`` (published in place); no shipped config uses them.
+
     ``_save_checkpoint_with_step`` is mmengine 0.10's with these changes (it writes the pointer with
     ``open`` itself, which no argument reaches, so it is not called)."""
 
@@ -132,12 +135,19 @@ class DivergenceCheckHook(Hook):
 
     def before_train(self, runner) -> None:
         self.skipped.start(getattr(runner.optim_wrapper, "loss_scaler", None))  # after a resume loaded it
+        if getattr(runner.optim_wrapper, "_scale_update_param", None) is not None:
+            runner.logger.warning(
+                f"optim_wrapper.loss_scale={runner.optim_wrapper._scale_update_param!r} is a fixed loss scale: the "
+                f"GradScaler never lowers it, so the steps it skips are not counted and do not stop the run; "
+                f"loss_scale='dynamic' lets DivergenceCheckHook count them")
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         loss = (outputs or {}).get("loss")
         if loss is not None and not torch.isfinite(torch.as_tensor(loss)).all():
             self._stop(runner, f"the loss became {torch.as_tensor(loss).float().mean().item()}")
-        if self.skipped.update(getattr(runner.optim_wrapper, "loss_scaler", None)):
+        scaler = getattr(runner.optim_wrapper, "loss_scaler", None)
+        # with accumulative_counts=N the scaler steps (and may skip) every Nth iteration only
+        if scaler is not None and runner.optim_wrapper.should_update() and self.skipped.update(scaler):
             self._stop(runner, self.skipped.describe("the AmpOptimWrapper's GradScaler"))
 
     @staticmethod

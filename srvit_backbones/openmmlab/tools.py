@@ -67,7 +67,8 @@ def load_config(args, framework: str, custom_data: Optional[Callable[[Config], N
 
 
 def prepare_training(cfg: Config) -> None:
-    """A training run's config made to survive faults, and its process group started where
+    """A run's config (``SRViTRunner`` applies it to training and test runs alike) made to
+    survive faults, and its process group started where
     mmengine cannot: the checkpoint hook made ``SRViTCheckpointHook`` (written whole or not at
     all) and ``DivergenceCheckHook`` added where a config (a user's own) lacks them, the
     collective timeout ``faults.COLLECTIVE_TIMEOUT_S`` where ``env_cfg.dist_cfg`` sets none, and
@@ -75,9 +76,10 @@ def prepare_training(cfg: Config) -> None:
     checkpoint = (cfg.get("default_hooks") or {}).get("checkpoint")
     if checkpoint and checkpoint.get("type") == "CheckpointHook":
         checkpoint["type"] = "SRViTCheckpointHook"
-    hooks = cfg.setdefault("custom_hooks", [])
+    hooks = list(cfg.get("custom_hooks") or [])  # mmengine also takes None or a tuple
     if not any(hook.get("type") == "DivergenceCheckHook" for hook in hooks):
         hooks.append(dict(type="DivergenceCheckHook"))
+    cfg.custom_hooks = hooks
     if cfg.get("env_cfg") is not None:
         cfg.env_cfg.setdefault("dist_cfg", dict(backend="nccl")).setdefault("timeout", COLLECTIVE_TIMEOUT_S)
     init_cpu_distributed(cfg)
@@ -88,7 +90,7 @@ def init_cpu_distributed(cfg: Config) -> None:
     mmengine's ``init_dist`` calls ``torch.cuda.set_device`` and fails there, and its DDP wrapper
     passes a GPU index as ``device_ids``. Here the gloo process group is started before the
     Runner (which then uses it) and DDP wraps the CPU model without ``device_ids``."""
-    if cfg.launcher == "none" or torch.cuda.is_available() or dist.is_initialized():
+    if cfg.launcher == "none" or torch.cuda.is_available():
         return
     dist_cfg = (cfg.get("env_cfg") or {}).get("dist_cfg") or {}
     if cfg.launcher != "pytorch":
@@ -98,7 +100,8 @@ def init_cpu_distributed(cfg: Config) -> None:
     if dist_cfg.get("backend", "nccl") != "gloo":
         raise SystemExit(f"env_cfg.dist_cfg.backend={dist_cfg.get('backend', 'nccl')!r} needs GPUs; this machine has "
                          f"none: add --cfg-options env_cfg.dist_cfg.backend=gloo to train on the CPU")
-    dist.init_process_group("gloo", timeout=collective_timeout(dist_cfg.get("timeout")))
+    if not dist.is_initialized():  # a second Runner of the process (a test after training) uses the same group
+        dist.init_process_group("gloo", timeout=collective_timeout(dist_cfg.get("timeout")))
     wrapper = cfg.get("model_wrapper_cfg") or dict(
         type="MMDistributedDataParallel", broadcast_buffers=False,
         find_unused_parameters=cfg.get("find_unused_parameters", False))
