@@ -514,7 +514,7 @@ def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(coco_root, tmp_pa
     first skip past its limit (1 here: the CPU's emulated fp16 steps take seconds; the default 20 is
     counted in test_pretrain and test_faults). run_step asserts torch.cuda.is_available()
     (detectron2/engine/train_loop.py, line 484) and enters torch.cuda.amp.autocast (485, 493), a
-    no-op without CUDA: for this run they answer True and enter fp16 CPU autocast."""
+    no-op without CUDA: during each run_step (only) they answer True and enter fp16 CPU autocast."""
     from detectron2.engine import AMPTrainer
 
     from srvit_backbones.detectron2 import faults as detectron2_faults
@@ -527,8 +527,15 @@ def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(coco_root, tmp_pa
     trainer.grad_scaler = torch.amp.GradScaler("cpu", init_scale=1e30)
     (check,) = [hook for hook in trainer._hooks if isinstance(hook, detectron2_faults.DivergenceCheck)]
     check.skipped.limit = 1
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda.amp, "autocast", lambda dtype: torch.autocast("cpu", dtype=dtype))
+    amp_run_step = trainer.run_step
+
+    def run_step_answered():  # only detectron2's run_step sees the answers, not the hooks around it
+        with monkeypatch.context() as answered:
+            answered.setattr(torch.cuda, "is_available", lambda: True)
+            answered.setattr(torch.cuda.amp, "autocast", lambda dtype: torch.autocast("cpu", dtype=dtype))
+            amp_run_step()
+
+    trainer.run_step = run_step_answered
     logits = []
     trainer.model.roi_heads.box_predictor.cls_score.register_forward_hook(
         lambda module, inputs, output: logits.append(output.dtype))
