@@ -21,7 +21,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from .config_files import config_dir, config_folders, list_configs, register_config_folder
+from .config_files import config_dir, config_folders, config_path, list_configs, register_config_folder
 
 TASKS = ("classification", "detection", "segmentation")
 
@@ -176,9 +176,8 @@ def framework_of(path: str) -> Optional[str]:
     recognises it (its suffix or text); None when that does not tell. A bare name is looked up
     among the shipped configs."""
     if not os.path.isfile(path):
-        found = [row.name for row in _table().values()
-                 if row.config_folder and os.path.isfile(os.path.join(config_dir(row.name), path))]
-        return found[0] if len(found) == 1 else None
+        found = _shipped_as(path, frameworks())
+        return found[0][0] if len(found) == 1 else None
     shipped = shipped_in(path)
     if shipped:
         return shipped
@@ -198,8 +197,7 @@ def resolve(config: str, framework_name: Optional[str] = None, task: Optional[st
     if os.path.isfile(config):
         path = os.path.abspath(config)
     else:
-        found = [(name, os.path.join(config_dir(name), config)) for name in candidates
-                 if framework(name).config_folder and os.path.isfile(os.path.join(config_dir(name), config))]
+        found = _shipped_as(config, candidates)
         if not found:
             raise FileNotFoundError(f"config {config!r} not found: neither a file nor a shipped config ("
                                     + "; ".join(f"{name}: {', '.join(_shipped_names(name))}" for name in candidates
@@ -221,6 +219,12 @@ def load_config(config: str, framework_name: Optional[str] = None, opts: Sequenc
     ``opts``: the config loader of every tool, whatever the framework."""
     name, path = resolve(config, framework_name)
     return name, adapter(name).load_config(path, opts)
+
+
+def _shipped_as(config: str, names: Sequence[str]) -> List[Tuple[str, str]]:
+    """(framework, path) of each of the frameworks ``names`` that ships a config named ``config``."""
+    return [(name, path) for name in names if framework(name).config_folder
+            for path in [config_path(name, config)] if path]
 
 
 def _shipped_names(name: str) -> List[str]:
