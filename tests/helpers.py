@@ -72,6 +72,25 @@ def child_pids(pid: int):
     return [int(child) for path in globbing.glob(f"/proc/{pid}/task/*/children") for child in open(path).read().split()]
 
 
+def descendants(pid: int):
+    """Every process below ``pid``: its children, theirs, ... (torchrun's workers run in sessions of
+    their own, so a kill of the agent's process group misses them)."""
+    return [p for child in child_pids(pid) for p in (child, *descendants(child))]
+
+
+def kill_launch(process) -> None:
+    """SIGKILL ``process`` (a Popen started in a session of its own), its group and every process
+    below it, and reap it."""
+    import signal
+
+    below = descendants(process.pid)
+    os.killpg(process.pid, signal.SIGKILL)
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait(timeout=60)
+
+
 def is_running(pid: int) -> bool:
     """Whether ``pid`` is a live process (a zombie, dead but not yet reaped, is not)."""
     try:
@@ -97,8 +116,8 @@ def kill_machine_1_beside_one_machine(machines, one_machine, ready_2x1, ready_1x
     """A rank killed, and the 1 machine x 2 processes run that the 2 machines x 1 run (``machines``,
     Popens) is compared with, side by side: once the file ``ready_2x1[0]`` holds ``ready_2x1[1]``
     (machine 0 wrote it), ``checkpoint`` is read and machine 1's worker SIGKILLed; once
-    ``ready_1x2`` is there, ``one_machine`` is stopped (each process was started in a session of
-    its own: its group is killed), or, where it is None, ``one_machine`` runs to its end and exits
+    ``ready_1x2`` is there, ``one_machine`` is stopped (``kill_launch``: each process was started
+    in a session of its own), or, where it is None, ``one_machine`` runs to its end and exits
     0. Both machines must exit non-zero within 120 s and leave no worker. ``workers(pid)``: a
     machine's workers (default: its children). Returns the bytes of ``checkpoint`` before the kill."""
     import signal
@@ -121,15 +140,14 @@ def kill_machine_1_beside_one_machine(machines, one_machine, ready_2x1, ready_1x
             assert one_machine.wait(timeout=300) == 0
             return
         wait_for_text(*ready_1x2, one_machine)
-        os.killpg(one_machine.pid, signal.SIGKILL)
-        one_machine.wait(timeout=60)
+        kill_launch(one_machine)
 
     try:
         (saved, started, codes, seconds), _ = side_by_side(kill_rank_1, stop_one_machine)
     finally:
         for process in (*machines, one_machine):
             if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
+                kill_launch(process)
     assert all(code != 0 for code in codes) and seconds < 120, (codes, seconds)
     assert len(started) == 2 and not any(is_running(pid) for pid in started), started
     return saved
