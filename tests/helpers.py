@@ -101,12 +101,13 @@ def is_running(pid: int) -> bool:
 
 
 def wait_for_text(path, text: str, process, timeout: float = 300, poll: float = 0.05) -> None:
-    """Until the file ``path`` contains ``text`` (a log line the run of ``process``, a Popen, reached)."""
+    """Until the file ``path`` contains ``text`` (a log line the run of ``process``, a Popen, reached;
+    "": until it exists)."""
     import time
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:
-        if os.path.exists(path) and text in open(path, errors="replace").read():
+        if os.path.exists(path) and (not text or text in open(path, errors="replace").read()):
             return
         time.sleep(poll)
     raise TimeoutError(f"{text!r} never appeared in {path} (exit code {process.poll()})")

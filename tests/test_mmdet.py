@@ -508,8 +508,8 @@ SCHEDULE = [f"train_cfg.max_iters={ITERS}", f"train_cfg.val_interval={ITERS}", f
 def coco_root(tmp_path_factory):
     """Synthetic COCO in mmdet's layout: ROOT/datasets/coco/{train2017,val2017,annotations}."""
     root = tmp_path_factory.mktemp("mmdet")
-    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_synthetic_coco.py"), "--root",
-                    str(root / "datasets"), "--train", "8", "--val", "4", "--size", "128", "160"], check=True)
+    load_tool("make_synthetic_coco").main(["--root", str(root / "datasets"), "--train", "8", "--val", "4",
+                                           "--size", "128", "160"])
     return root
 
 
@@ -597,55 +597,50 @@ def test_mmdet_checkpoint_loads_into_detectron2_and_timm(trained):
     assert [k for k, v in core.items() if not torch.equal(loaded[k], v)] == []
 
 
-def test_mim_test_runs_our_config(coco_root, trained):
-    """`mim test mmdet CONFIG --checkpoint CKPT` (mmdet's own tools/test.py) runs the shipped
-    config as it is (`mim train`: the two-machines test below)."""
-    work, _ = trained
-    proc, log = run(coco_root, "-m", "mim", "test", "mmdet", QUICKSTART, "--checkpoint",
-                    os.path.join(work, f"iter_{ITERS}.pth"), "--work-dir", str(coco_root / "mim_test"),
-                    "--cfg-options", *SMALL)
-    assert proc.returncode == 0, log[-3000:]
-    assert "coco/segm_mAP" in log
-
-
-def test_torchrun_on_cpus_two_machines_train_as_one_and_a_killed_rank_ends_the_job(coco_root, tmp_path):
+def test_torchrun_on_cpus_two_machines_train_as_one_and_a_killed_rank_ends_the_job(coco_root, trained, tmp_path):
     """The distributed path (--launcher pytorch, gloo), which mmengine's init_dist cannot start
     without a GPU, of both ways users train: tools/train_det.py under torchrun as 2 machines x 1
     process on 127.0.0.1, and `mim train mmdet CONFIG --gpus 2 --launcher pytorch` (mmdet's own
     tools/train.py under torch.distributed.launch; the config's ``runner_type='SRViTRunner'``) as
     1 machine x 2 processes, side by side: the same 2 steps from the same seed give the same
-    weights, and mim's run validates at iteration 2 (the COCO metric). Then machine 1's worker is
+    weights; mim's run validates (the COCO metric) and exits 0. Then machine 1's worker is
     SIGKILLed: both torchruns exit non-zero within 120 s, no worker is left, machine 1's log names
-    rank 1 and the signal, and iter_2.pth is as it was written. (The 1 x 2 run is stopped once
-    it has validated.)"""
-    options = [*SMALL, "env_cfg.dist_cfg.backend=gloo", "train_cfg.max_iters=20", "default_hooks.logger.interval=1",
-               "default_hooks.checkpoint.interval=2"]
+    rank 1 and the signal, and iter_2.pth is as it was written. Beside them, `mim test mmdet CONFIG
+    --checkpoint CKPT` (mmdet's own tools/test.py) tests the shared run's checkpoint."""
+    options = [*SMALL, "env_cfg.dist_cfg.backend=gloo", "default_hooks.logger.interval=1",
+               "default_hooks.checkpoint.interval=2", "train_dataloader.sampler.type=InfiniteSampler"]
 
-    def launch(layout, node_rank, port):
+    def launch(layout, node_rank, port):  # the warmup's lrs do not depend on max_iters
         if layout == "2x1":
             command = [*torchrun(layout, port, node_rank), os.path.join(ROOT, "tools", "train_det.py"), QUICKSTART,
-                       "--launcher", "pytorch", "--cfg-options", *options, "train_cfg.val_interval=1000"]
+                       "--launcher", "pytorch", "--cfg-options", *options, "train_cfg.max_iters=20",
+                       "train_cfg.val_interval=1000"]
         else:
             command = ["-m", "mim", "train", "mmdet", QUICKSTART, "--gpus", "2", "--launcher", "pytorch", "--port",
-                       str(port), "--cfg-options", *options, "train_cfg.val_interval=2"]
+                       str(port), "--cfg-options", *options, "train_cfg.max_iters=2", "train_cfg.val_interval=2"]
         return subprocess.Popen([sys.executable, *command, "--work-dir", str(tmp_path / layout)], cwd=str(coco_root),
                                 env=dict(os.environ, OMP_NUM_THREADS="1"), stderr=subprocess.STDOUT,
                                 stdout=open(tmp_path / f"{layout}_{node_rank}.log", "w"), start_new_session=True)
 
     port = free_port()
     machines = [launch("2x1", rank, port) for rank in (0, 1)]
-    saved = kill_machine_1_beside_one_machine(  # "" in a file: it exists (checkpoints are renamed in place whole)
-        machines, launch("1x2", 0, free_port()), (tmp_path / "2x1" / "iter_2.pth", ""),
-        (tmp_path / "1x2_0.log", "coco/segm_mAP: "), tmp_path / "2x1" / "iter_2.pth")
+    checkpoints = {layout: tmp_path / layout / "iter_2.pth" for layout in ("2x1", "1x2")}
+    saved, (test_proc, test_log) = side_by_side(  # "" in a file: it exists (checkpoints are renamed in place whole)
+        functools.partial(kill_machine_1_beside_one_machine, machines, launch("1x2", 0, free_port()),
+                          (checkpoints["2x1"], ""), None, checkpoints["2x1"]),
+        functools.partial(run, coco_root, "-m", "mim", "test", "mmdet", QUICKSTART, "--checkpoint",
+                          os.path.join(trained[0], f"iter_{ITERS}.pth"), "--work-dir", str(tmp_path / "mim_test"),
+                          "--cfg-options", *SMALL))
+    assert test_proc.returncode == 0, test_log[-3000:]
+    assert "coco/segm_mAP" in test_log
     machine_1 = (tmp_path / "2x1_1.log").read_text()
     assert re.search(r"rank\s*: 1 \(local_rank: 0\)\s+exitcode\s*: -9", machine_1), machine_1[-2000:]
-    assert (tmp_path / "2x1" / "iter_2.pth").read_bytes() == saved
+    assert checkpoints["2x1"].read_bytes() == saved
     for log in ("2x1_0", "1x2_0"):  # rank 0's
         text = (tmp_path / f"{log}.log").read_text()
         assert "Distributed launcher: pytorch" in text and "GPU number: 2" in text  # mmengine's name for the world size
-    assert "Iter(train) [ 2/20]" in text and "coco/bbox_mAP: " in text  # mim's run trained and validated
-    weights = [torch.load(tmp_path / layout / "iter_2.pth", map_location="cpu", weights_only=False)["state_dict"]
-               for layout in ("2x1", "1x2")]
+    assert "Iter(train) [2/2]" in text and "coco/bbox_mAP" in text  # mim's run trained and validated
+    weights = [torch.load(path, map_location="cpu", weights_only=False)["state_dict"] for path in checkpoints.values()]
     assert weights[0].keys() == weights[1].keys()
     assert [k for k in weights[0] if not torch.equal(weights[0][k], weights[1][k])] == []
 
@@ -1272,8 +1267,8 @@ def test_fine_tune_a_coco_detector_on_three_classes_of_your_own(coco_root, train
     The tool runs in this process."""
     work, _ = trained
     data = tmp_path / "mydata"
-    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_synthetic_coco.py"), "--root", str(data),
-                    "--train", "8", "--val", "4", "--size", "128", "160", "--categories", *CUSTOM_CLASSES], check=True)
+    load_tool("make_synthetic_coco").main(["--root", str(data), "--train", "8", "--val", "4", "--size", "128", "160",
+                                           "--categories", *CUSTOM_CLASSES])
     out = tmp_path / "work"
     iters = 30
     monkeypatch.chdir(tmp_path)
