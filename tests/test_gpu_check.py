@@ -89,10 +89,12 @@ def test_without_mmseg_the_segmentor_check_is_skipped_with_the_reason_and_the_ru
 
 
 def test_the_segmentor_and_pretraining_steps(every_check):
-    """(b) the mmseg step through its optim wrapper (fp32 on the CPU), (c) a pretraining step
-    with --amp: bf16 inside the model, no GradScaler."""
+    """(b) the mmseg step through its AmpOptimWrapper (bf16 on a CPU with native bf16, with
+    mmengine's GradScaler), (c) a pretraining step with --amp: bf16 inside the model, no
+    GradScaler."""
     checks = every_check["checks"]
-    assert checks["b"]["optim_wrapper"] == "OptimWrapper" and torch.isfinite(torch.tensor(checks["b"]["loss"]))
+    assert checks["b"]["optim_wrapper"] == "DeviceAmpOptimWrapper" and checks["b"]["autocast_dtype"] == "bfloat16"
+    assert checks["b"]["loss_scale"] == 2.0 ** 16 and torch.isfinite(torch.tensor(checks["b"]["loss"]))
     assert (checks["b"]["size"], checks["b"]["images"]) == (64, 2)
     assert checks["c"]["autocast_dtype"] == "bfloat16" and checks["c"]["grad_scaler"] is False
 

@@ -33,7 +33,7 @@ from mmengine.structures import InstanceData
 
 import srvit_backbones
 import srvit_backbones.mmdet  # noqa: F401  (registers SRViT, SimpleFeaturePyramid, ...)
-from srvit_backbones import CheckpointError, create_srvit, curves
+from srvit_backbones import CheckpointError, amp, create_srvit, curves
 from srvit_backbones.detectron2 import SRViTBackbone as D2Backbone, SRViTCheckpointer, srvit_optimizer_params
 from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.rel_pos import is_rel_pos
@@ -100,7 +100,7 @@ def shrink(cfg: Config) -> Config:
     for stage in model.train_cfg.rcnn if isinstance(model.train_cfg.rcnn, list) else [model.train_cfg.rcnn]:
         if "num" in stage.sampler:  # a cascade's later stages take every refined box (PseudoSampler)
             stage.sampler.num = 64
-    cfg.optim_wrapper.type = "OptimWrapper"  # AmpOptimWrapper needs a GPU
+    cfg.optim_wrapper.type = "OptimWrapper"  # fp32 steps (mmengine's AmpOptimWrapper, built directly, asserts a GPU)
     return cfg
 
 
@@ -404,7 +404,7 @@ def test_layer_decay_and_weight_decay_follow_detectron2s_rule():
     cfg = Config.fromfile(path)
     cfg.model.backbone.update(img_size=(64, 64), embed_dim=32, num_heads=2, window_size=2)
     cfg.model.backbone.pop("init_cfg")
-    cfg.optim_wrapper.type = "OptimWrapper"  # AmpOptimWrapper needs a GPU; the constructor is the same
+    cfg.optim_wrapper.type = "OptimWrapper"  # mmengine's AmpOptimWrapper asserts a GPU; the constructor is the same
     model = MODELS.build(cfg.model)
     wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -634,9 +634,11 @@ def test_our_test_det_and_its_errors(coco_root, trained, tmp_path, monkeypatch):
         assert expected in message
     with pytest.raises(SystemExit, match="checkpoint 'missing.pth' does not exist"):
         load_tool("test_det").main([QUICKSTART, "missing.pth"])
-    if not torch.cuda.is_available():
-        with pytest.raises(SystemExit, match="needs a CUDA GPU.*optim_wrapper.type=OptimWrapper"):
-            load_tool("train_det").main([FLAGSHIP, "--work-dir", str(tmp_path / "w")])
+    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: False)  # the flagship's AmpOptimWrapper on such a CPU
+    with pytest.raises(SystemExit, match=r"AmpOptimWrapper' without a dtype .*runs bf16 on the CPU, but this CPU has "
+                                         r"no native bf16.*optim_wrapper.type=OptimWrapper.*optim_wrapper.dtype=float16"):
+        load_tool("train_det").main([FLAGSHIP, "--work-dir", str(tmp_path / "w"), "--cfg-options",
+                                     "optim_wrapper.device_type=cpu"])  # the run's device, passed in
 
 
 def test_det_inferencer_and_inference_detector(coco_root, trained):
