@@ -576,6 +576,34 @@ def test_amp_on_the_cpu_trains_bf16_where_the_cpu_has_it(coco_root, tmp_path, mo
         tool.main(tool.parse_args([*argv, "train.amp.precision=fp32"]))
 
 
+def test_device_amp_trainer_steps_as_the_installed_amp_trainer():
+    """DeviceAMPTrainer.run_step is the installed detectron2's AMPTrainer.run_step, statement by
+    statement (its syntax tree), but for the CUDA assertion and the autocast's device type:
+    what it does on CUDA, where it must be AMPTrainer, cannot be run here. A detectron2 whose
+    run_step changed fails here: repeat its new statements."""
+    import ast
+    import inspect
+    import textwrap
+
+    from detectron2.engine import AMPTrainer
+
+    from srvit_backbones.detectron2.training import DeviceAMPTrainer
+
+    def statements(method):
+        body = ast.parse(textwrap.dedent(inspect.getsource(method))).body[0].body
+        return [ast.unparse(node) for node in body if not (isinstance(node, ast.Expr)  # the docstring
+                                                           and isinstance(node.value, ast.Constant))]
+
+    cuda_only = ["assert torch.cuda.is_available(), '[AMPTrainer] CUDA is required for AMP training!'",
+                 "from torch.cuda.amp import autocast"]
+    theirs = [line for line in statements(AMPTrainer.run_step) if line not in cuda_only]
+    assert len(theirs) == len(statements(AMPTrainer.run_step)) - 2
+    cuda_autocast, device_autocast = "with autocast(dtype=self.precision):", \
+        "with torch.autocast(self.device_type, dtype=self.precision):"
+    assert sum(cuda_autocast in line for line in theirs) == 1
+    assert statements(DeviceAMPTrainer.run_step) == [line.replace(cuda_autocast, device_autocast) for line in theirs]
+
+
 def test_an_amp_trainer_state_resumes_into_the_device_amp_trainer_and_back(tmp_path):
     """The trainer's state (iteration, optimizer, GradScaler) saved by detectron2's own
     AMPTrainer through the checkpointer resumes into DeviceAMPTrainer, and its state into

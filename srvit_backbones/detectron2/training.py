@@ -73,16 +73,19 @@ def amp_dtype(cfg):
 class DeviceAMPTrainer(AMPTrainer):
     """detectron2's ``AMPTrainer`` on the device type ``device_type`` ('cuda', 'cpu'): its
     arguments and ``state_dict`` (the scaler under "grad_scaler": a checkpoint of either resumes
-    into the other), its GradScaler (of ``device_type``: ``torch.amp.GradScaler(device_type)``
-    by default, for every precision, as AMPTrainer's) and its ``run_step``, autocast to
-    ``precision`` on ``device_type``. On CUDA it is AMPTrainer; on a CPU it runs the GPU's code
-    path (fp16's loss scaling and skipped steps included, in tests) or bf16 where the CPU has
-    it natively, where AMPTrainer asserts CUDA and makes CUDA's GradScaler (off without CUDA).
+    into the other), its GradScaler, of ``device_type`` (``torch.amp.GradScaler(device_type)`` by
+    default, for every precision as AMPTrainer's: bf16 needs no loss scaling, but a scaler's
+    state kept in every checkpoint lets a run resume in either dtype), and its ``run_step``,
+    autocast to ``precision`` on ``device_type``. On CUDA it is AMPTrainer; on a CPU it runs the
+    GPU's code path (fp16's loss scaling and skipped steps included, in tests) or bf16 where the
+    CPU has it natively, where AMPTrainer asserts CUDA and makes CUDA's GradScaler (off without
+    CUDA).
 
     ``run_step`` repeats detectron2 0.7.2's ``AMPTrainer.run_step``
     (detectron2/engine/train_loop.py), which asserts ``torch.cuda.is_available()`` and enters
-    ``torch.cuda.amp.autocast``: the same steps and metrics, with ``torch.autocast(device_type)``
-    and without the assertion (nothing narrower to override: the autocast wraps the forward only).
+    ``torch.cuda.amp.autocast``: the same statements, with ``torch.autocast(device_type)`` and
+    without the assertion, because there is nothing narrower to override (the autocast wraps the
+    forward only); a test compares the two statement by statement against the installed detectron2.
     """
 
     def __init__(self, model, data_loader, optimizer, gather_metric_period=1, zero_grad_before_forward=False,
@@ -95,7 +98,7 @@ class DeviceAMPTrainer(AMPTrainer):
         self.device_type = device_type
 
     def run_step(self):
-        assert self.model.training, "[DeviceAMPTrainer] model was changed to eval mode!"
+        assert self.model.training, "[AMPTrainer] model was changed to eval mode!"
         start = time.perf_counter()
         data = next(self._data_loader_iter)
         data_time = time.perf_counter() - start
@@ -116,7 +119,8 @@ class DeviceAMPTrainer(AMPTrainer):
         self.grad_scaler.scale(losses).backward()
 
         if self.log_grad_scaler:
-            get_event_storage().put_scalar("[metric]grad_scaler", self.grad_scaler.get_scale())
+            storage = get_event_storage()
+            storage.put_scalar("[metric]grad_scaler", self.grad_scaler.get_scale())
 
         self.after_backward()
 
