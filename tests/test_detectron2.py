@@ -545,8 +545,8 @@ def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(coco_root, tmp_pa
 def test_amp_on_the_cpu_trains_bf16_where_the_cpu_has_it(coco_root, tmp_path, monkeypatch):
     """train.amp.enabled=True on the CPU is --amp auto: bf16 autocast (seen inside the model:
     the box classifier's logits) on a CPU with native bf16; refused before anything is built,
-    naming both fixes, on a CPU without it; a train.amp.precision that is no dtype's name is
-    refused listing the names."""
+    naming both fixes, on a CPU without it; a train.amp.precision that is no dtype's name, and a
+    device other than CUDA and the CPU, are refused."""
     from srvit_backbones import amp
     from srvit_backbones.detectron2.training import DeviceAMPTrainer
 
@@ -574,6 +574,8 @@ def test_amp_on_the_cpu_trains_bf16_where_the_cpu_has_it(coco_root, tmp_path, mo
         tool.main(tool.parse_args(argv))
     with pytest.raises(SystemExit, match=r"train.amp.precision='fp32' is not one of \('fp16', 'bf16'\)"):
         tool.main(tool.parse_args([*argv, "train.amp.precision=fp32"]))
+    with pytest.raises(SystemExit, match=r"runs on train.device cuda or cpu, got 'mps': pass train.amp.enabled=False"):
+        tool.main(tool.parse_args([*argv, "train.device=mps"]))
 
 
 def test_device_amp_trainer_steps_as_the_installed_amp_trainer():
