@@ -1,7 +1,7 @@
 """tools/gpu_check.py (``srvit_backbones.benchmark.gpu_check``): without CUDA it runs the
 device-branch check with the GPU's choices forced on the CPU and exits 0; every check's code
-runs on the CPU at a small size, the way it runs on a GPU (the frameworks' AMP paths aside,
-which need CUDA): one run of all of them, read by the tests below."""
+runs on the CPU at a small size, the way it runs on a GPU (in bf16 where it autocasts on a GPU):
+one run of all of them, read by the tests below."""
 import json
 
 import pytest
@@ -58,11 +58,13 @@ def test_every_check_runs_on_the_cpu_and_records_the_machine(every_check):
 
 
 def test_the_detectors_run_through_detectron2s_trainer_beside_vitdet_b(every_check):
-    """(a) both detectors through detectron2's trainer, ViTDet-B in the same run as the anchor."""
+    """(a) both detectors through detectron2's AMPTrainer on the CPU (bf16: train.amp.enabled's
+    rule on a CPU with native bf16), ViTDet-B in the same run as the anchor."""
     check = every_check["checks"]["a"]
     detectors = check["rows"]
     assert [row["config"] for row in detectors] == [gpu_check.VITDET_B, *gpu_check.DETECTORS]
-    assert all(row["trainer"] == "SimpleTrainer" and row["s_per_iter"] > 0 and len(row["times_s"]) == 1
+    assert all(row["trainer"] == "DeviceAMPTrainer" and row["autocast_dtype"] == "bfloat16" for row in detectors)
+    assert all(row["s_per_iter"] > 0 and len(row["times_s"]) == 1
                and row["size"] == 64 and torch.isfinite(torch.tensor(row["total_loss"])) for row in detectors)
     assert check["reference"] == dict(measured=gpu_check.VITDET_B, s_per_iter=detectors[0]["s_per_iter"],
                                       peak_memory_gb=None)

@@ -40,8 +40,8 @@ from srvit_backbones.models.rel_pos import is_rel_pos
 from srvit_backbones.openmmlab.hooks import Fp16CompressionHook
 from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg,
                      assert_mmengine_compiled_training_equals_eager, assert_mmengine_resume_restores,
-                     assert_mmengine_run_stops_diverged, load_tool, randomize_routers, run, scheduled_lrs,
-                     side_by_side, trained_detectron2, two_gloo_processes)
+                     assert_mmengine_run_stops_diverged, file_size_limit, load_tool, randomize_routers, run,
+                     scheduled_lrs, side_by_side, trained_detectron2, two_gloo_processes)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, "mmdet_configs")
@@ -571,6 +571,31 @@ def test_resume_restores_the_checkpointed_state(coco_root, trained, monkeypatch)
     runner = load_tool("train_det").build_runner([QUICKSTART, "--work-dir", str(coco_root / "resumed"), "--resume",
                                                   ckpt_path, "--cfg-options", *SMALL, *SCHEDULE])
     ckpt = assert_mmengine_resume_restores(runner, ckpt_path, "backbone.srvit.units.1.router.weight", max_lr=4e-4)
+    assert ckpt["meta"]["iter"] == MID
+
+
+def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(coco_root, trained, tmp_path, monkeypatch):
+    """tools/train_det.py resumed from iter_30.pth with max_keep_ckpts=1 (mmengine would remove
+    iter_30.pth before writing iter_32.pth), the disk full while iter_32.pth is written (ulimit -f):
+    an error naming the file and the cause; iter_30.pth stays complete and named by
+    last_checkpoint, and --resume (auto) restores it by value."""
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(os.path.join(trained[0], f"iter_{MID}.pth"), work)
+    (work / "last_checkpoint").write_text(str(work / f"iter_{MID}.pth"))
+    saved = (work / f"iter_{MID}.pth").read_bytes()
+    monkeypatch.chdir(coco_root)
+    options = ["--cfg-options", *SMALL, *SCHEDULE, f"train_cfg.max_iters={MID + 2}",
+               "default_hooks.checkpoint.interval=2", "default_hooks.checkpoint.max_keep_ckpts=1"]
+    runner = load_tool("train_det").build_runner([QUICKSTART, "--work-dir", str(work), "--resume", *options])
+    with file_size_limit(len(saved) // 2), \
+            pytest.raises(OSError, match=rf"'{work / f'iter_{MID + 2}.pth'}' was not written: File too large"):
+        runner.train()
+    assert (work / f"iter_{MID}.pth").read_bytes() == saved and not list(work.glob("*.tmp"))
+    assert (work / "last_checkpoint").read_text() == str(work / f"iter_{MID}.pth")
+    runner = load_tool("train_det").build_runner([QUICKSTART, "--work-dir", str(work), "--resume", *options])
+    ckpt = assert_mmengine_resume_restores(runner, str(work / f"iter_{MID}.pth"),
+                                           "backbone.srvit.units.1.router.weight", max_lr=4e-4)
     assert ckpt["meta"]["iter"] == MID
 
 

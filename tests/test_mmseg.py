@@ -25,7 +25,7 @@ from mmseg.utils import register_all_modules
 import srvit_backbones
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import CheckpointError, amp, create_srvit
-from srvit_backbones.openmmlab.hooks import AtomicLocalBackend
+from srvit_backbones.openmmlab.hooks import AtomicLocalBackend, SRViTCheckpointHook
 from srvit_backbones.openmmlab.optim_wrapper import DeviceAmpOptimWrapper
 from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg, assert_mmengine_resume_restores,
                      assert_mmengine_run_stops_diverged, divergence_report, file_size_limit, free_port,
@@ -361,6 +361,41 @@ def test_a_pointer_write_cut_short_keeps_naming_the_last_complete_checkpoint(seg
     assert (work / "last_checkpoint").read_text() == str(work / "iter_24.pth")
     assert (work / "iter_24.pth").read_bytes() == saved and not list(work.glob("*.tmp"))
     assert torch.load(work / "iter_26.pth", map_location="cpu", weights_only=False)["meta"]["iter"] == 26
+
+
+def test_a_best_or_published_checkpoint_cut_short_keeps_the_previous_best(seg_root, trained, tmp_path, monkeypatch):
+    """save_best='mIoU' resumed with a best checkpoint from before (iter_24.pth's message hub names it,
+    at an mIoU of -1: any beats it): a full disk (ulimit -f) while the new best is written at
+    iteration 25 stops the run naming the file and the cause, and the previous best is still there,
+    byte-identical, named by the hook and the message hub (mmengine removes it first). Publishing it
+    (published_keys, the hook's after_train) on the full disk leaves no cut published file; with room,
+    it is published under mmengine's name."""
+    work, _, runner = resumed_from_iter_24(seg_root, trained, tmp_path, monkeypatch, "train_cfg.val_interval=1",
+                                           "default_hooks.checkpoint.save_best=mIoU",
+                                           "default_hooks.checkpoint.rule=greater",
+                                           "default_hooks.checkpoint.published_keys=[meta,state_dict]")
+    previous_best = work / "best_mIoU_iter_24.pth"
+    ckpt = torch.load(work / "iter_24.pth", map_location="cpu", weights_only=False)
+    ckpt["message_hub"]["runtime_info"].update(best_score=-1.0, best_ckpt=str(previous_best))
+    torch.save(ckpt, work / "iter_24.pth")
+    shutil.copy(work / "iter_24.pth", previous_best)
+    saved = previous_best.read_bytes()
+    half_the_weights = sum(t.numel() * t.element_size() for t in ckpt["state_dict"].values()) // 2
+    with file_size_limit(half_the_weights), \
+            pytest.raises(OSError, match=rf"'{work / 'best_mIoU_iter_25.pth'}' was not written: File too large"):
+        runner.train()
+    (hook,) = [hook for hook in runner.hooks if isinstance(hook, SRViTCheckpointHook)]
+    assert previous_best.read_bytes() == saved and not list(work.glob("best_mIoU_iter_25.pth*"))
+    assert hook.best_ckpt_path == runner.message_hub.get_info("best_ckpt") == str(previous_best)
+    assert runner.message_hub.get_info("best_score") == -1.0
+
+    with file_size_limit(half_the_weights), pytest.raises(OSError, match=r"best_mIoU_iter_24-\w{8}.pth' was not "
+                                                                        r"written: File too large"):
+        hook.after_train(runner)
+    assert sorted(work.glob("*.pth*")) == [previous_best, work / "iter_24.pth"]
+    hook.after_train(runner)
+    (published,) = work.glob("best_mIoU_iter_24-*.pth")
+    assert set(torch.load(published, map_location="cpu", weights_only=False)) == {"meta", "state_dict"}
 
 
 def test_a_configs_own_runner_gets_the_same_fault_handling(seg_root, tmp_path, monkeypatch):
