@@ -626,6 +626,26 @@ def test_the_quickstart_seed_gives_the_same_weights(seg_root):
     assert first["meta"]["seed"] == second["meta"]["seed"] == 0
 
 
+def test_the_device_amp_optim_wrapper_takes_mmengines_arguments():
+    """mmengine's ``loss_scale`` meanings (a number: a fixed scale, which a skipped step leaves as it
+    is, and which DivergenceCheckHook is told of; a dict: GradScaler's arguments; anything else an
+    error) and ``dtype`` as a name or a torch dtype; a device other than CUDA and the CPU is
+    refused naming mmengine's own wrapper."""
+    weights = torch.nn.Parameter(torch.zeros(4))
+    build = functools.partial(DeviceAmpOptimWrapper, optimizer=torch.optim.SGD([weights], lr=0.1), device_type="cpu")
+    fixed = build(loss_scale=512, dtype=torch.bfloat16)
+    assert (fixed._scale_update_param, fixed.cast_dtype) == (512.0, torch.bfloat16)
+    fixed.update_params(torch.sqrt(weights).sum())  # an infinite gradient: skipped, the scale kept
+    assert fixed.loss_scaler.get_scale() == 512.0 and torch.equal(weights, torch.zeros(4))
+    configured = build(loss_scale=dict(init_scale=2.0 ** 10, growth_interval=7), dtype="bfloat16")
+    assert configured.loss_scaler.state_dict()["growth_interval"] == 7 and configured._scale_update_param is None
+    with pytest.raises(TypeError, match="loss_scale takes 'dynamic', a number .* got 'static'"):
+        build(loss_scale="static", dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"runs on 'cuda' and 'cpu' devices, this run's is 'mps'.*"
+                                         r"optim_wrapper.type='mmengine.AmpOptimWrapper'"):
+        build(dtype="bfloat16", device_type="mps")
+
+
 def test_amp_is_one_rule_for_both_openmmlab_tools(tmp_path, monkeypatch):
     """``--amp`` switches a config to AmpOptimWrapper with a dynamic loss scale (mmseg's and
     mmdet's own scripts' switch), which the run builds as ``DeviceAmpOptimWrapper``: fp16 on
