@@ -652,7 +652,8 @@ def test_amp_is_one_rule_for_both_openmmlab_tools(tmp_path, monkeypatch):
     CUDA, bf16 on a CPU with native bf16. On a CPU without it (``srvit_backbones.amp``'s rule)
     ``--amp``, and a config that trains with AmpOptimWrapper without a dtype (the mmdet
     flagship's), are refused before anything is built, each naming the fixes, by train_seg and
-    train_det alike (one ``apply_amp``); a dtype named runs there."""
+    train_det alike (one ``apply_amp``); a dtype named runs there. On an NPU (MLU, MUSA)
+    AmpOptimWrapper stays mmengine's own."""
     from srvit_backbones.openmmlab.tools import apply_amp, prepare_training
 
     monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: False)
@@ -664,6 +665,10 @@ def test_amp_is_one_rule_for_both_openmmlab_tools(tmp_path, monkeypatch):
     cfg.launcher = "none"
     prepare_training(cfg)
     assert cfg.optim_wrapper.type == "DeviceAmpOptimWrapper"
+    npu = Config(dict(launcher="none", optim_wrapper=dict(type="AmpOptimWrapper", device_type="npu")))
+    apply_amp(npu, requested=True)
+    prepare_training(npu)
+    assert npu.optim_wrapper.type == "AmpOptimWrapper"  # mmengine's own runs there
     for tool, config in (("train_seg", QUICKSTART), ("train_det", "quickstart/mask_rcnn_srvit_tiny_cpu.py")):
         common = [config, "--work-dir", str(tmp_path / "w")]
         with pytest.raises(SystemExit, match=r"--amp on the CPU runs bf16, but this CPU has no native bf16.*drop "

@@ -30,7 +30,7 @@ def apply_amp(cfg: Config, requested: bool) -> None:
     if requested and cfg.optim_wrapper.type not in AMP_OPTIM_WRAPPERS:
         cfg.optim_wrapper.type = "AmpOptimWrapper"
         cfg.optim_wrapper.loss_scale = "dynamic"
-    if cfg.optim_wrapper.type not in AMP_OPTIM_WRAPPERS:
+    if cfg.optim_wrapper.type not in AMP_OPTIM_WRAPPERS or not runs_device_amp(cfg.optim_wrapper):
         return
     device_type = cfg.optim_wrapper.get("device_type") or get_device()
     try:
@@ -44,6 +44,15 @@ def apply_amp(cfg: Config, requested: bool) -> None:
                          "emulated bf16 is slower than fp32: drop --amp to train in fp32, or name the dtype, "
                          "--cfg-options optim_wrapper.dtype=float16, to run the GPU's fp16 path here (loss scaling "
                          "and skipped steps; slower than fp32)") from None
+
+
+def runs_device_amp(optim_wrapper) -> bool:
+    """Whether an ``optim_wrapper`` config runs ``DeviceAmpOptimWrapper``: on CUDA and the CPU
+    (its ``device_type``, else the run's device); an ``AmpOptimWrapper`` on an NPU, MLU or MUSA
+    device stays mmengine's own, which runs there."""
+    if optim_wrapper.get("type") == "DeviceAmpOptimWrapper":
+        return True
+    return str(optim_wrapper.get("device_type") or get_device()).split(":")[0] in ("cuda", "cpu")
 
 
 def check_compile(cfg: Config) -> None:
@@ -95,7 +104,7 @@ def prepare_training(cfg: Config) -> None:
     if checkpoint and checkpoint.get("type") == "CheckpointHook":
         checkpoint["type"] = "SRViTCheckpointHook"
     optim_wrapper = cfg.get("optim_wrapper")
-    if optim_wrapper and optim_wrapper.get("type") == "AmpOptimWrapper":
+    if optim_wrapper and optim_wrapper.get("type") == "AmpOptimWrapper" and runs_device_amp(optim_wrapper):
         optim_wrapper["type"] = "DeviceAmpOptimWrapper"
     hooks = list(cfg.get("custom_hooks") or [])  # mmengine also takes None or a tuple
     if not any(hook.get("type") == "DivergenceCheckHook" for hook in hooks):
