@@ -396,6 +396,11 @@ def test_a_best_or_published_checkpoint_cut_short_keeps_the_previous_best(seg_ro
     hook.after_train(runner)
     (published,) = work.glob("best_mIoU_iter_24-*.pth")
     assert set(torch.load(published, map_location="cpu", weights_only=False)) == {"meta", "state_dict"}
+    # two save_best keys, one that never improved (no best file): mmengine's after_train publishes None
+    hook.best_ckpt_path, hook.best_ckpt_path_dict = None, {"mIoU": str(previous_best), "aAcc": None}
+    hook.after_train(runner)
+    assert {path.name.split("-")[0] for path in work.glob("*-*.pth")} == {"best_mIoU_iter_24"}  # published again
+    assert not list(work.glob("*.tmp"))
 
 
 def test_a_configs_own_runner_gets_the_same_fault_handling(seg_root, tmp_path, monkeypatch):

@@ -200,7 +200,11 @@ class SRViTCheckpointHook(CheckpointHook):
     @master_only
     def _publish_model(self, runner, ckpt_path: str) -> None:
         """mmengine 0.10's, the published file written through ``backend_args`` as the checkpoints
-        are (``AtomicLocalBackend``: whole or not at all) where mmengine's writes it in place."""
+        are (``AtomicLocalBackend``: whole or not at all) where mmengine's writes it in place. A
+        ``save_best`` key that never improved has no best file (None), which mmengine's
+        ``after_train`` passes on too: nothing to publish, where mmengine's fails at the end of the run."""
+        if ckpt_path is None:
+            return
         checkpoint = _load_checkpoint(ckpt_path)
         removed_keys = [key for key in list(checkpoint) if key not in self.published_keys]
         for key in removed_keys:
