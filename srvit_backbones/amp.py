@@ -1,8 +1,13 @@
-"""Mixed precision, one rule for every tool and device: ``--amp`` (``auto``) means fp16 autocast
-with a GradScaler on CUDA and bf16 autocast on a CPU with native bf16 (AVX512-BF16 or AMX);
-``bf16`` / ``fp16`` choose the dtype where the device runs it; anything else is a clear
-error, never a silent fp32 run (an emulated bf16 is slower than fp32, so it is refused too)."""
+"""Mixed precision, one rule for every tool, framework and device: ``--amp`` (``auto``; detectron2's
+``train.amp.enabled``, mmengine's ``AmpOptimWrapper`` without a ``dtype``) means fp16 autocast with a
+GradScaler on CUDA and bf16 autocast on a CPU with native bf16 (AVX512-BF16 or AMX), and a clear
+error on a CPU without it, never a silent fp32 run (emulated bf16 is slower than fp32). A dtype
+named explicitly (``--amp fp16`` / ``bf16``, a config's dtype) runs on any CUDA or CPU device: on
+a CPU that lacks it natively it is slower than fp32, and says so (a warning), but it runs the
+GPU's code path (fp16's loss scaling and skipped steps included), which is how the tests check
+that path on a CPU."""
 import contextlib
+import warnings
 from typing import ContextManager, Optional
 
 import torch
@@ -18,6 +23,12 @@ def cpu_has_native_bf16() -> bool:
     return any(check() for check in checks if check is not None)
 
 
+def cpu_has_native_fp16() -> bool:
+    """Whether this CPU computes fp16 matrix products natively (AMX-FP16 tiles)."""
+    check = getattr(getattr(torch, "cpu", None), "_is_amx_fp16_supported", None)
+    return bool(check is not None and check())
+
+
 def amp_dtype(device: str) -> torch.dtype:
     """The autocast dtype ``--amp`` uses on ``device`` ('cpu', 'cuda', 'cuda:1', ...), or a
     ValueError that says why there is none and what to do."""
@@ -26,7 +37,8 @@ def amp_dtype(device: str) -> torch.dtype:
 
 def resolve_precision(device: str, precision: str) -> Optional[torch.dtype]:
     """The autocast dtype of ``--amp PRECISION`` (one of ``PRECISIONS``) on ``device``; None
-    for ``none`` (fp32); a ValueError naming the fix where the device cannot run it."""
+    for ``none`` (fp32); a ValueError naming the fix where ``auto`` finds no native dtype; a
+    warning where a named dtype runs emulated on this CPU."""
     if precision not in PRECISIONS:
         raise ValueError(f"--amp takes one of {PRECISIONS}, got {precision!r}")
     if precision == "none":
@@ -36,13 +48,16 @@ def resolve_precision(device: str, precision: str) -> Optional[torch.dtype]:
         raise ValueError(f"--amp supports 'cuda' and 'cpu' devices, got {device!r}")
     if kind == "cuda":
         return torch.bfloat16 if precision == "bf16" else torch.float16
-    if precision == "fp16":
-        raise ValueError("--amp fp16 needs a GPU (fp16 autocast with a GradScaler); on the CPU use --amp bf16 "
-                         "(a CPU with native bf16) or --amp none")
-    if not cpu_has_native_bf16():
-        raise ValueError("--amp on the CPU runs bf16, but this CPU has no native bf16 (AVX512-BF16 or AMX): "
-                         "emulated bf16 is slower than fp32, so run without --amp (--amp none)")
-    return torch.bfloat16
+    if precision == "auto":
+        if not cpu_has_native_bf16():
+            raise ValueError("--amp on the CPU runs bf16, but this CPU has no native bf16 (AVX512-BF16 or AMX): "
+                             "emulated bf16 is slower than fp32, so run without --amp (--amp none)")
+        return torch.bfloat16
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    if not (cpu_has_native_bf16() if dtype == torch.bfloat16 else cpu_has_native_fp16()):
+        warnings.warn(f"{precision} on this CPU is emulated, slower than fp32: it runs the GPU's {precision} code "
+                      f"path (for checking it), not faster training; for speed train in fp32", stacklevel=2)
+    return dtype
 
 
 def needs_grad_scaler(dtype: Optional[torch.dtype]) -> bool:

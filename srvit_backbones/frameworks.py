@@ -66,9 +66,10 @@ class FrameworkAdapter:
         """The GPU check's training step (``srvit_backbones.benchmark.gpu_check``): ``warmup +
         steps`` training iterations of the config (a path or a shipped name) at input ``size``,
         ``images`` synthetic images per step on ``device`` (a ``torch.device``), through the
-        framework's own trainer or optim wrapper with the AMP a GPU user switches on (fp32 on the
-        CPU). Returns the check's row: the config, size, images, what stepped it, the loss (and
-        loss scale), and ``Timer.summary(warmup)``'s s/iter and peak memory."""
+        framework's own trainer or optim wrapper with the AMP a GPU user switches on (on the CPU:
+        bf16 where it is native, else fp32). Returns the check's row: the config, size, images,
+        what stepped it, the autocast dtype, the loss (and loss scale), and
+        ``Timer.summary(warmup)``'s s/iter and peak memory."""
         raise NotImplementedError(f"{self.name} has no GPU check training step")
 
 

@@ -102,7 +102,7 @@ def openmmlab_lr_and_decay(framework, config, convention):
     else:
         model.neck.in_channels = model.decode_head.in_channels = [WIDTH] * 4
         model.auxiliary_head.in_channels = WIDTH
-    cfg.optim_wrapper.type = "OptimWrapper"  # AmpOptimWrapper needs a GPU; the constructor is the same
+    cfg.optim_wrapper.type = "OptimWrapper"  # mmengine's AmpOptimWrapper asserts a GPU; the constructor is the same
     cfg.optim_wrapper.paramwise_cfg.update(layer_decay_rate=0.7, weight_decay_convention=convention)
     with DefaultScope.overwrite_default_scope(framework):
         built = registry.MODELS.build(model)

@@ -33,15 +33,15 @@ from mmengine.structures import InstanceData
 
 import srvit_backbones
 import srvit_backbones.mmdet  # noqa: F401  (registers SRViT, SimpleFeaturePyramid, ...)
-from srvit_backbones import CheckpointError, create_srvit, curves
+from srvit_backbones import CheckpointError, amp, create_srvit, curves
 from srvit_backbones.detectron2 import SRViTBackbone as D2Backbone, SRViTCheckpointer, srvit_optimizer_params
 from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.rel_pos import is_rel_pos
 from srvit_backbones.openmmlab.hooks import Fp16CompressionHook
 from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg,
                      assert_mmengine_compiled_training_equals_eager, assert_mmengine_resume_restores,
-                     assert_mmengine_run_stops_diverged, free_port, kill_machine_1_beside_one_machine, load_tool,
-                     randomize_routers, run, scheduled_lrs, side_by_side, torchrun, trained_detectron2,
+                     assert_mmengine_run_stops_diverged, file_size_limit, free_port, kill_machine_1_beside_one_machine,
+                     load_tool, randomize_routers, run, scheduled_lrs, side_by_side, torchrun, trained_detectron2,
                      two_gloo_processes)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,7 +101,7 @@ def shrink(cfg: Config) -> Config:
     for stage in model.train_cfg.rcnn if isinstance(model.train_cfg.rcnn, list) else [model.train_cfg.rcnn]:
         if "num" in stage.sampler:  # a cascade's later stages take every refined box (PseudoSampler)
             stage.sampler.num = 64
-    cfg.optim_wrapper.type = "OptimWrapper"  # AmpOptimWrapper needs a GPU
+    cfg.optim_wrapper.type = "OptimWrapper"  # fp32 steps (mmengine's AmpOptimWrapper, built directly, asserts a GPU)
     return cfg
 
 
@@ -405,7 +405,7 @@ def test_layer_decay_and_weight_decay_follow_detectron2s_rule():
     cfg = Config.fromfile(path)
     cfg.model.backbone.update(img_size=(64, 64), embed_dim=32, num_heads=2, window_size=2)
     cfg.model.backbone.pop("init_cfg")
-    cfg.optim_wrapper.type = "OptimWrapper"  # AmpOptimWrapper needs a GPU; the constructor is the same
+    cfg.optim_wrapper.type = "OptimWrapper"  # mmengine's AmpOptimWrapper asserts a GPU; the constructor is the same
     model = MODELS.build(cfg.model)
     wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -575,6 +575,31 @@ def test_resume_restores_the_checkpointed_state(coco_root, trained, monkeypatch)
     assert ckpt["meta"]["iter"] == MID
 
 
+def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(coco_root, trained, tmp_path, monkeypatch):
+    """tools/train_det.py resumed from iter_30.pth with max_keep_ckpts=1 (mmengine would remove
+    iter_30.pth before writing iter_32.pth), the disk full while iter_32.pth is written (ulimit -f):
+    an error naming the file and the cause; iter_30.pth stays complete and named by
+    last_checkpoint, and --resume (auto) restores it by value."""
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(os.path.join(trained[0], f"iter_{MID}.pth"), work)
+    (work / "last_checkpoint").write_text(str(work / f"iter_{MID}.pth"))
+    saved = (work / f"iter_{MID}.pth").read_bytes()
+    monkeypatch.chdir(coco_root)
+    options = ["--cfg-options", *SMALL, *SCHEDULE, f"train_cfg.max_iters={MID + 2}",
+               "default_hooks.checkpoint.interval=2", "default_hooks.checkpoint.max_keep_ckpts=1"]
+    runner = load_tool("train_det").build_runner([QUICKSTART, "--work-dir", str(work), "--resume", *options])
+    with file_size_limit(len(saved) // 2), \
+            pytest.raises(OSError, match=rf"'{work / f'iter_{MID + 2}.pth'}' was not written: File too large"):
+        runner.train()
+    assert (work / f"iter_{MID}.pth").read_bytes() == saved and not list(work.glob("*.tmp"))
+    assert (work / "last_checkpoint").read_text() == str(work / f"iter_{MID}.pth")
+    runner = load_tool("train_det").build_runner([QUICKSTART, "--work-dir", str(work), "--resume", *options])
+    ckpt = assert_mmengine_resume_restores(runner, str(work / f"iter_{MID}.pth"),
+                                           "backbone.srvit.units.1.router.weight", max_lr=4e-4)
+    assert ckpt["meta"]["iter"] == MID
+
+
 def test_mmdet_checkpoint_loads_into_detectron2_and_timm(trained):
     """The trained mmdet detector's backbone initialises a detectron2 detector (train.init_checkpoint's
     checkpointer) and timm.create_model(pretrained=True), by value."""
@@ -664,9 +689,11 @@ def test_our_test_det_and_its_errors(coco_root, trained, tmp_path, monkeypatch):
         assert expected in message
     with pytest.raises(SystemExit, match="checkpoint 'missing.pth' does not exist"):
         load_tool("test_det").main([QUICKSTART, "missing.pth"])
-    if not torch.cuda.is_available():
-        with pytest.raises(SystemExit, match="needs a CUDA GPU.*optim_wrapper.type=OptimWrapper"):
-            load_tool("train_det").main([FLAGSHIP, "--work-dir", str(tmp_path / "w")])
+    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: False)  # the flagship's AmpOptimWrapper on such a CPU
+    with pytest.raises(SystemExit, match=r"AmpOptimWrapper' without a dtype .*runs bf16 on the CPU, but this CPU has "
+                                         r"no native bf16.*optim_wrapper.type=OptimWrapper.*optim_wrapper.dtype=float16"):
+        load_tool("train_det").main([FLAGSHIP, "--work-dir", str(tmp_path / "w"), "--cfg-options",
+                                     "optim_wrapper.device_type=cpu"])  # the run's device, passed in
 
 
 def test_det_inferencer_and_inference_detector(coco_root, trained):

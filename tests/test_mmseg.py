@@ -10,6 +10,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import warnings
 
 import mmseg
 import pytest
@@ -17,15 +18,15 @@ import torch
 from mmengine.config import Config
 from mmengine.fileio import register_backend
 from mmengine.registry import DefaultScope
-from mmengine.optim import AmpOptimWrapper, OptimWrapper, build_optim_wrapper
-from mmengine.registry import OPTIM_WRAPPERS
+from mmengine.optim import AmpOptimWrapper, build_optim_wrapper
 from mmseg.registry import MODELS
 from mmseg.utils import register_all_modules
 
 import srvit_backbones
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
-from srvit_backbones import CheckpointError, create_srvit
-from srvit_backbones.openmmlab.hooks import AtomicLocalBackend
+from srvit_backbones import CheckpointError, amp, create_srvit
+from srvit_backbones.openmmlab.hooks import AtomicLocalBackend, SRViTCheckpointHook
+from srvit_backbones.openmmlab.optim_wrapper import DeviceAmpOptimWrapper
 from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg, assert_mmengine_resume_restores,
                      assert_mmengine_run_stops_diverged, divergence_report, file_size_limit, free_port,
                      interpolated_pos_embed, kill_machine_1_beside_one_machine, load_tool, side_by_side, torchrun,
@@ -362,24 +363,44 @@ def test_a_pointer_write_cut_short_keeps_naming_the_last_complete_checkpoint(seg
     assert torch.load(work / "iter_26.pth", map_location="cpu", weights_only=False)["meta"]["iter"] == 26
 
 
-@OPTIM_WRAPPERS.register_module()
-class CPUAmpOptimWrapper(AmpOptimWrapper):
-    """mmengine's ``AmpOptimWrapper`` (its backward, step and state: loss scaling and skipped
-    steps) on a CPU GradScaler, under fp16 CPU autocast, so that the CUDA path's branches run
-    here. Its own ``__init__`` asserts a GPU (amp_optimizer_wrapper.py, line 76) and makes
-    ``torch.cuda.amp.GradScaler`` (line 20), and the ``optim_context`` autocast allows only bf16
-    on the CPU (mmengine/runner/amp.py, line 130): those two are replaced."""
+def test_a_best_or_published_checkpoint_cut_short_keeps_the_previous_best(seg_root, trained, tmp_path, monkeypatch):
+    """save_best='mIoU' resumed with a best checkpoint from before (iter_24.pth's message hub names it,
+    at an mIoU of -1: any beats it): a full disk (ulimit -f) while the new best is written at
+    iteration 25 stops the run naming the file and the cause, and the previous best is still there,
+    byte-identical, named by the hook and the message hub (mmengine removes it first). Publishing it
+    (published_keys, the hook's after_train) on the full disk leaves no cut published file; with room,
+    it is published under mmengine's name."""
+    work, _, runner = resumed_from_iter_24(seg_root, trained, tmp_path, monkeypatch, "train_cfg.val_interval=1",
+                                           "default_hooks.checkpoint.save_best=mIoU",
+                                           "default_hooks.checkpoint.rule=greater",
+                                           "default_hooks.checkpoint.published_keys=[meta,state_dict]")
+    previous_best = work / "best_mIoU_iter_24.pth"
+    ckpt = torch.load(work / "iter_24.pth", map_location="cpu", weights_only=False)
+    ckpt["message_hub"]["runtime_info"].update(best_score=-1.0, best_ckpt=str(previous_best))
+    torch.save(ckpt, work / "iter_24.pth")
+    shutil.copy(work / "iter_24.pth", previous_best)
+    saved = previous_best.read_bytes()
+    half_the_weights = sum(t.numel() * t.element_size() for t in ckpt["state_dict"].values()) // 2
+    with file_size_limit(half_the_weights), \
+            pytest.raises(OSError, match=rf"'{work / 'best_mIoU_iter_25.pth'}' was not written: File too large"):
+        runner.train()
+    (hook,) = [hook for hook in runner.hooks if isinstance(hook, SRViTCheckpointHook)]
+    assert previous_best.read_bytes() == saved and not list(work.glob("best_mIoU_iter_25.pth*"))
+    assert hook.best_ckpt_path == runner.message_hub.get_info("best_ckpt") == str(previous_best)
+    assert runner.message_hub.get_info("best_score") == -1.0
 
-    def __init__(self, loss_scale=None, dtype=torch.float16, **kwargs):
-        OptimWrapper.__init__(self, **kwargs)
-        self._scale_update_param = None
-        self.loss_scaler = torch.amp.GradScaler("cpu", **(loss_scale or {}))
-        self.cast_dtype = dtype
-
-    @contextlib.contextmanager
-    def optim_context(self, model):
-        with OptimWrapper.optim_context(self, model), torch.autocast("cpu", dtype=self.cast_dtype):
-            yield
+    with file_size_limit(half_the_weights), pytest.raises(OSError, match=r"best_mIoU_iter_24-\w{8}.pth' was not "
+                                                                        r"written: File too large"):
+        hook.after_train(runner)
+    assert sorted(work.glob("*.pth*")) == [previous_best, work / "iter_24.pth"]
+    hook.after_train(runner)
+    (published,) = work.glob("best_mIoU_iter_24-*.pth")
+    assert set(torch.load(published, map_location="cpu", weights_only=False)) == {"meta", "state_dict"}
+    # two save_best keys, one that never improved (no best file): mmengine's after_train publishes None
+    hook.best_ckpt_path, hook.best_ckpt_path_dict = None, {"mIoU": str(previous_best), "aAcc": None}
+    hook.after_train(runner)
+    assert {path.name.split("-")[0] for path in work.glob("*-*.pth")} == {"best_mIoU_iter_24"}  # published again
+    assert not list(work.glob("*.tmp"))
 
 
 def test_a_configs_own_runner_gets_the_same_fault_handling(seg_root, tmp_path, monkeypatch):
@@ -405,8 +426,9 @@ def test_under_gradient_accumulation_the_skips_are_counted_per_optimizer_step():
     """With ``accumulative_counts=2`` the GradScaler steps (and skips) every second iteration only:
     DivergenceCheckHook counts those iterations (the ones between leave the scale as it was, which
     ended the row before) and stops at the 21st skipped step in a row, on mmengine's own
-    update_params; a gradient infinite at every scale (sqrt at 0). The runner is a stand-in
-    holding what the hook reads."""
+    update_params; a gradient infinite at every scale (sqrt at 0). The wrapper is the tools' own
+    with the GPU's fp16 loss scaling on a CPU GradScaler; the runner is a stand-in holding what
+    the hook reads."""
     from types import SimpleNamespace
 
     from mmengine.logging import MessageHub, MMLogger
@@ -415,7 +437,10 @@ def test_under_gradient_accumulation_the_skips_are_counted_per_optimizer_step():
     from srvit_backbones.openmmlab.hooks import DivergenceCheckHook
 
     weights = torch.nn.Parameter(torch.zeros(4))
-    wrapper = CPUAmpOptimWrapper(optimizer=torch.optim.SGD([weights], lr=0.1), accumulative_counts=2)
+    with warnings.catch_warnings():  # fp16 emulated on this CPU: said, and what is tested here
+        warnings.simplefilter("ignore")
+        wrapper = DeviceAmpOptimWrapper(optimizer=torch.optim.SGD([weights], lr=0.1), accumulative_counts=2,
+                                        dtype="float16", device_type="cpu")
     wrapper.initialize_count_status(torch.nn.Linear(1, 1), 0, 200)
     runner = SimpleNamespace(optim_wrapper=wrapper, iter=0, message_hub=MessageHub.get_instance("accumulation"),
                              logger=MMLogger.get_instance("accumulation"))
@@ -429,29 +454,61 @@ def test_under_gradient_accumulation_the_skips_are_counted_per_optimizer_step():
 
 
 def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(seg_root, tmp_path, monkeypatch):
-    """tools/train_seg.py's Runner under fp16 with AmpOptimWrapper's loss scaling (on the CPU),
-    its GradScaler at a scale that overflows fp16's gradients at every halving (1e30): every step
-    is skipped, silently to mmengine, and the config's DivergenceCheckHook stops the run at the
-    first skip past its limit (1 here: the CPU's emulated fp16 steps take seconds; the default 20
-    is counted in test_pretrain and test_faults)."""
+    """tools/train_seg.py's Runner with a config's ``AmpOptimWrapper`` in fp16, as the tool builds
+    it (the package's ``DeviceAmpOptimWrapper`` on the CPU: the GPU's fp16 autocast and loss
+    scaling), its GradScaler at a scale that overflows fp16's gradients at every halving (1e30):
+    every step is skipped, silently to mmengine, and the config's DivergenceCheckHook stops the
+    run at the first skip past its limit (1 here: the CPU's emulated fp16 steps take seconds; the
+    default 20 is counted in test_pretrain and test_faults)."""
     config = tmp_path / "upernet_fp16.py"
     config.write_text(f"_base_ = {QUICKSTART!r}\n"
                       "custom_hooks = [dict(type='DivergenceCheckHook', max_consecutive_skipped_steps=1)]\n"
-                      "optim_wrapper = dict(type='CPUAmpOptimWrapper', loss_scale=dict(init_scale=1e30))\n")
+                      "optim_wrapper = dict(type='AmpOptimWrapper', dtype='float16', "
+                      "loss_scale=dict(init_scale=1e30))\n")
     monkeypatch.chdir(seg_root)
     runner = load_tool("train_seg").build_runner([str(config), "--work-dir", str(tmp_path / "work"), "--cfg-options",
                                                   *SMALL, *CROP_64])
     logits = []  # (dtype, shape) of the decode head's logits, a step each
     runner.model.decode_head.conv_seg.register_forward_hook(
         lambda module, inputs, output: logits.append((output.dtype, tuple(output.shape))))
-    with pytest.raises(FloatingPointError) as error:
+    with pytest.raises(FloatingPointError) as error, \
+            pytest.warns(UserWarning, match="fp16 on this CPU is emulated") if not amp.cpu_has_native_fp16() \
+            else contextlib.nullcontext():
         runner.train()
+    assert type(runner.optim_wrapper) is DeviceAmpOptimWrapper and runner.optim_wrapper.device_type == "cpu"
     iteration, last = divergence_report(str(error.value))
     assert iteration == runner.iter + 1 == len(logits) == 2 and last is None
     assert set(logits) == {(torch.float16, (2, 150, 16, 16))}  # fp16, of 64x64 crops
     assert "AmpOptimWrapper's GradScaler skipped 2 optimizer steps in a row" in str(error.value)
     assert "fp32: optim_wrapper.type=OptimWrapper" in str(error.value)
     assert runner.optim_wrapper.loss_scaler.get_scale() == pytest.approx(1e30 / 2 ** 2)
+
+
+def test_a_loss_scale_saved_by_mmengines_amp_optim_wrapper_resumes_into_ours_and_back():
+    """A checkpoint's ``optimizer`` as mmengine's AmpOptimWrapper saves it on CUDA: the optimizer's
+    state and ``loss_scaler``, its ``torch.cuda.amp.GradScaler``'s state (these five keys). Ours
+    loads it, the scale and growth tracker landing, and saves the same keys and values for
+    mmengine's to load: its state_dict and load_state_dict are mmengine's, on a GradScaler whose
+    state is the CUDA one's (the same class's methods; CUDA's is a subclass that keeps them)."""
+    assert torch.cuda.amp.GradScaler.state_dict is torch.amp.GradScaler.state_dict
+    assert torch.cuda.amp.GradScaler.load_state_dict is torch.amp.GradScaler.load_state_dict
+    assert DeviceAmpOptimWrapper.state_dict is AmpOptimWrapper.state_dict
+    assert DeviceAmpOptimWrapper.load_state_dict is AmpOptimWrapper.load_state_dict
+    weights = torch.nn.Parameter(torch.ones(4))
+    sgd = torch.optim.SGD([weights], lr=0.1, momentum=0.9)
+    weights.grad = torch.ones(4)
+    sgd.step()
+    scaler_state = dict(scale=2.0 ** 13, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
+                        _growth_tracker=117)
+    saved = {**sgd.state_dict(), "loss_scaler": dict(scaler_state)}
+    ours = DeviceAmpOptimWrapper(optimizer=torch.optim.SGD([torch.nn.Parameter(torch.ones(4))], lr=0.1, momentum=0.9),
+                                 dtype="bfloat16", device_type="cpu")
+    ours.load_state_dict(dict(saved))
+    assert ours.loss_scaler.get_scale() == 2.0 ** 13 and ours.loss_scaler._get_growth_tracker() == 117
+    back = ours.state_dict()
+    assert back["loss_scaler"] == scaler_state
+    assert back["param_groups"] == saved["param_groups"]
+    assert torch.equal(back["state"][0]["momentum_buffer"], saved["state"][0]["momentum_buffer"])
 
 
 def test_torchrun_on_cpus_two_machines_train_as_one_and_a_killed_rank_ends_the_job(seg_root, tmp_path):
@@ -574,24 +631,85 @@ def test_the_quickstart_seed_gives_the_same_weights(seg_root):
     assert first["meta"]["seed"] == second["meta"]["seed"] == 0
 
 
-def test_amp_is_one_rule_for_both_openmmlab_tools(tmp_path, monkeypatch):
-    """``--amp`` switches a config to mmengine's AmpOptimWrapper with a dynamic loss scale where
-    CUDA is present; without it, ``--amp`` and a config that trains with AMP are refused with
-    the fix, by train_seg and train_det alike (one ``apply_amp``)."""
-    from srvit_backbones.openmmlab.tools import apply_amp
+def test_the_device_amp_optim_wrapper_takes_mmengines_arguments():
+    """mmengine's ``loss_scale`` meanings (a number: a fixed scale, which a skipped step leaves as it
+    is, and which DivergenceCheckHook is told of; a dict: GradScaler's arguments; anything else an
+    error) and ``dtype`` as a name or a torch dtype; a device other than CUDA and the CPU is
+    refused naming mmengine's own wrapper."""
+    weights = torch.nn.Parameter(torch.zeros(4))
+    build = functools.partial(DeviceAmpOptimWrapper, optimizer=torch.optim.SGD([weights], lr=0.1), device_type="cpu")
+    fixed = build(loss_scale=512, dtype=torch.bfloat16)
+    assert (fixed._scale_update_param, fixed.cast_dtype) == (512.0, torch.bfloat16)
+    fixed.update_params(torch.sqrt(weights).sum())  # an infinite gradient: skipped, the scale kept
+    assert fixed.loss_scaler.get_scale() == 512.0 and torch.equal(weights, torch.zeros(4))
+    configured = build(loss_scale=dict(init_scale=2.0 ** 10, growth_interval=7), dtype="bfloat16")
+    assert configured.loss_scaler.state_dict()["growth_interval"] == 7 and configured._scale_update_param is None
+    with pytest.raises(TypeError, match="loss_scale takes 'dynamic', a number .* got 'static'"):
+        build(loss_scale="static", dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"runs on 'cuda' and 'cpu' devices, this run's is 'mps'.*"
+                                         r"optim_wrapper.type='mmengine.AmpOptimWrapper'"):
+        build(dtype="bfloat16", device_type="mps")
 
+
+def test_amp_is_one_rule_for_both_openmmlab_tools(tmp_path, monkeypatch):
+    """``--amp`` switches a config to AmpOptimWrapper with a dynamic loss scale (mmseg's and
+    mmdet's own scripts' switch), which the run builds as ``DeviceAmpOptimWrapper``: fp16 on
+    CUDA, bf16 on a CPU with native bf16. On a CPU without it (``srvit_backbones.amp``'s rule)
+    ``--amp``, and a config that trains with AmpOptimWrapper without a dtype (the mmdet
+    flagship's), are refused before anything is built, each naming the fixes, by train_seg and
+    train_det alike (one ``apply_amp``); a dtype named runs there. On an NPU (MLU, MUSA)
+    AmpOptimWrapper stays mmengine's own."""
+    from srvit_backbones.openmmlab.tools import apply_amp, prepare_training
+
+    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: False)
     cfg = Config.fromfile(QUICKSTART)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cfg.optim_wrapper.device_type = "cuda"  # the run's device, passed in
     apply_amp(cfg, requested=True)
     assert cfg.optim_wrapper.type == "AmpOptimWrapper" and cfg.optim_wrapper.loss_scale == "dynamic"
     assert cfg.optim_wrapper.constructor == "SRViTLayerDecayOptimizerConstructor"  # the rest kept
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg.launcher = "none"
+    prepare_training(cfg)
+    assert cfg.optim_wrapper.type == "DeviceAmpOptimWrapper"
+    npu = Config(dict(launcher="none", optim_wrapper=dict(type="AmpOptimWrapper", device_type="npu")))
+    apply_amp(npu, requested=True)
+    prepare_training(npu)
+    assert npu.optim_wrapper.type == "AmpOptimWrapper"  # mmengine's own runs there
     for tool, config in (("train_seg", QUICKSTART), ("train_det", "quickstart/mask_rcnn_srvit_tiny_cpu.py")):
         common = [config, "--work-dir", str(tmp_path / "w")]
-        with pytest.raises(SystemExit, match=r"--amp needs a GPU .*drop --amp"):
+        with pytest.raises(SystemExit, match=r"--amp on the CPU runs bf16, but this CPU has no native bf16.*drop "
+                                             r"--amp.*--cfg-options optim_wrapper.dtype=float16"):
             load_tool(tool).main([*common, "--amp"])
-        with pytest.raises(SystemExit, match=r"needs a CUDA GPU.*--cfg-options optim_wrapper.type=OptimWrapper"):
+        with pytest.raises(SystemExit, match=r"AmpOptimWrapper' without a dtype .* no native bf16.*--cfg-options "
+                                             r"optim_wrapper.type=OptimWrapper.*--cfg-options optim_wrapper.dtype"):
             load_tool(tool).main([*common, "--cfg-options", "optim_wrapper.type=AmpOptimWrapper"])
+    cfg = Config.fromfile(QUICKSTART)
+    cfg.optim_wrapper.dtype = "float16"
+    apply_amp(cfg, requested=True)  # named: the GPU's fp16 path, on this CPU too
+    assert cfg.optim_wrapper.type == "AmpOptimWrapper"
+    cfg.optim_wrapper.dtype = "float32"  # mmengine's autocast would quietly run fp32 with a GradScaler
+    with pytest.raises(SystemExit, match=r"optim_wrapper.dtype='float32': mixed precision runs 'float16' or "
+                                         r"'bfloat16'.*optim_wrapper.type=OptimWrapper"):
+        apply_amp(cfg, requested=False)
+
+
+def test_amp_on_a_cpu_trains_in_bf16(seg_root, tmp_path, monkeypatch):
+    """tools/train_seg.py ``--amp`` on a CPU with native bf16 (the rule's branch, whatever this
+    CPU has): the package's wrapper on the CPU, bf16 inside the model (the decode head's logits),
+    mmengine's dynamic GradScaler at its first scale (bf16 does not overflow)."""
+    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.chdir(seg_root)
+    one_step = [o.replace("max_iters=24", "max_iters=1") for o in SMALL]
+    runner = load_tool("train_seg").build_runner([QUICKSTART, "--amp", "--work-dir", str(tmp_path / "work"),
+                                                  "--cfg-options", *one_step, *CROP_64, "val_dataloader=None",
+                                                  "val_cfg=None", "val_evaluator=None"])
+    logits = []
+    runner.model.decode_head.conv_seg.register_forward_hook(lambda module, inputs, output: logits.append(output.dtype))
+    runner.train()
+    wrapper = runner.optim_wrapper
+    assert type(wrapper) is DeviceAmpOptimWrapper
+    assert (wrapper.device_type, wrapper.cast_dtype) == ("cpu", torch.bfloat16)
+    assert logits == [torch.bfloat16] and runner.iter == 1
+    assert wrapper.loss_scaler.get_scale() == 2.0 ** 16 and wrapper.loss_scaler._get_growth_tracker() == 1
 
 
 def test_mmengines_whole_model_compile_is_refused_naming_the_backbones_switch(tmp_path):

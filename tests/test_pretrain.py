@@ -1,5 +1,6 @@
 """tools/pretrain.py on the CPU with a generated ImageFolder: train, evaluate, resume,
 distillation, the Table 8 recipe, and its checkpoints flowing into both frameworks."""
+import contextlib
 import json
 import os
 import re
@@ -12,7 +13,7 @@ import torch
 from PIL import Image, ImageOps
 from timm.data import auto_augment
 
-from srvit_backbones import create_srvit, faults
+from srvit_backbones import amp, create_srvit, faults
 from srvit_backbones.pretrain import augment, engine, recipe, trainer
 from helpers import (divergence_report, file_size_limit, free_port, interpolated_pos_embed,
                      kill_machine_1_beside_one_machine, load_tool, torchrun)
@@ -405,7 +406,8 @@ def test_torchrun_two_processes_with_repeated_augmentation(image_folder, tmp_pat
 # ----------------------------------------------------------------------------- mixed precision, compile, DDP
 def test_one_amp_rule_for_every_device(monkeypatch):
     """``--amp``: fp16 (and a GradScaler) on CUDA, bf16 on a CPU with native bf16, a clear error
-    where the device cannot run the precision; never a silent fp32 run."""
+    where the CPU has none; never a silent fp32 run. A named dtype runs on the CPU, with a warning
+    where it is emulated."""
     from srvit_backbones import amp
 
     monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: True)
@@ -414,19 +416,23 @@ def test_one_amp_rule_for_every_device(monkeypatch):
                 ("cuda", "none"): None}
     assert {key: amp.resolve_precision(*key) for key in expected} == expected
     assert [amp.needs_grad_scaler(d) for d in (torch.float16, torch.bfloat16, None)] == [True, False, False]
-    with pytest.raises(ValueError, match="--amp fp16 needs a GPU.*--amp bf16.*--amp none"):
-        amp.resolve_precision("cpu", "fp16")
+    monkeypatch.setattr(amp, "cpu_has_native_fp16", lambda: True)
+    assert amp.resolve_precision("cpu", "fp16") == torch.float16
     with pytest.raises(ValueError, match="supports 'cuda' and 'cpu'"):
         amp.resolve_precision("mps", "auto")
     monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(amp, "cpu_has_native_fp16", lambda: False)
     with pytest.raises(ValueError, match="no native bf16.*--amp none"):
         amp.resolve_precision("cpu", "auto")
+    for named, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):  # named: run, emulated, and said
+        with pytest.warns(UserWarning, match=f"{named} on this CPU is emulated, slower than fp32"):
+            assert amp.resolve_precision("cpu", named) == dtype
 
 
 def test_a_pretraining_step_with_amp_on_the_cpu_runs_bf16(image_folder, tmp_path, monkeypatch):
     """``tools/pretrain.py --amp`` on the CPU trains in bf16 (seen inside the model: the qkv
     projection's output; the router stays float32) without a GradScaler; a CPU without native
-    bf16, or fp16 on the CPU, stops before any work with the fix."""
+    bf16 stops before any work with the fix."""
     from srvit_backbones import amp
 
     monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: True)  # the rule's branch, whatever this CPU has
@@ -442,8 +448,6 @@ def test_a_pretraining_step_with_amp_on_the_cpu_runs_bf16(image_folder, tmp_path
     assert block.attn.qkv.weight.dtype == torch.float32 and not torch.equal(block.attn.qkv.weight, before)
     assert all(torch.isfinite(p).all() for p in run.model.parameters())
 
-    with pytest.raises(SystemExit, match="--amp fp16 needs a GPU"):
-        trainer.build(recipe.parse(tiny_args(image_folder, tmp_path, "--amp", "fp16")), distributed=False)
     monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: False)
     with pytest.raises(SystemExit, match="no native bf16.*--amp none"):
         load_tool("pretrain").main(tiny_args(image_folder, tmp_path, "--amp"))
@@ -486,16 +490,17 @@ def test_a_diverged_run_stops_within_the_loss_check_interval(image_folder, tmp_p
 
 
 def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(image_folder, tmp_path):
-    """fp16 autocast on the CPU with timm's NativeScaler on a CPU GradScaler (the CUDA path's
-    branches; --amp refuses fp16 on the CPU) resumed at a scale that overflows fp16's gradients
-    at every halving (2**100): each step is skipped, the loss stays finite, and the run stops at
-    the 21st skipped step in a row, naming it; the weights never moved."""
-    from timm.utils import NativeScaler
-
-    run = trainer.build(recipe.parse(tiny_args(image_folder, tmp_path, "--batch-size", "1", "--max-iters-per-epoch",
-                                               "0", "--log-interval", "1000", "--mixup", "0", "--cutmix", "0")),
-                        distributed=False)
-    scaler = NativeScaler(device="cpu")
+    """``--amp fp16`` on the CPU: the GPU's path, fp16 autocast with timm's NativeScaler (on a CPU
+    GradScaler), as the tool builds it, at a scale that overflows fp16's gradients at every halving
+    (2**100): each step is skipped, the loss stays finite, and the run stops at the 21st skipped
+    step in a row, naming it; the weights never moved."""
+    with pytest.warns(UserWarning, match="fp16 on this CPU is emulated") if not amp.cpu_has_native_fp16() \
+            else contextlib.nullcontext():
+        run = trainer.build(recipe.parse(tiny_args(image_folder, tmp_path, "--batch-size", "1", "--amp", "fp16",
+                                                   "--max-iters-per-epoch", "0", "--log-interval", "1000", "--mixup",
+                                                   "0", "--cutmix", "0")), distributed=False)
+    scaler = run.loss_scaler
+    assert scaler._scaler._device == "cpu" and scaler._scaler.is_enabled()
     scaler.load_state_dict({**scaler.state_dict(), "scale": 2.0 ** 100})
     before = {k: v.clone() for k, v in run.model.state_dict().items()}
     dtypes = []
@@ -503,7 +508,7 @@ def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(image_folder, tmp
     with pytest.raises(FloatingPointError) as error:
         for epoch in range(2):  # 18 steps each
             engine.train_one_epoch(epoch, run.train_model, run.train_loader, run.optimizer, run.criterion,
-                                   run.scheduler, run.args, loss_scaler=scaler, state=run.state, dtype=torch.float16)
+                                   run.scheduler, run.args, loss_scaler=scaler, state=run.state)
     limit = faults.MAX_CONSECUTIVE_SKIPPED_STEPS
     iteration, last = divergence_report(str(error.value))
     assert iteration == len(dtypes) == limit + 1 and set(dtypes) == {torch.float16} and last is None

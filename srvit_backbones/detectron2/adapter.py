@@ -35,8 +35,10 @@ class Detectron2Adapter(FrameworkAdapter):
         check_config_data(path, args.opts, args.coco_train, args.coco_val)
 
     def time_training(self, config, size, images, device, warmup, steps):
+        from .. import amp
         from .benchmark import trainer_steps
 
+        mixed = device.type == "cuda" or amp.cpu_has_native_bf16()  # train.amp.enabled's rule: fp32 where it has none
         opts = [f"model.backbone.net.img_size={size}", f"model.backbone.square_pad={size}",
-                f"train.device={device}", f"train.amp.enabled={device.type == 'cuda'}"]
+                f"train.device={device}", f"train.amp.enabled={mixed}"]
         return trainer_steps(config, opts, images=images, warmup=warmup, steps=steps)

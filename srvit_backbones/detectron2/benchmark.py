@@ -15,7 +15,7 @@ from detectron2.utils.registry import locate
 from ..amp import autocast
 from ..benchmark.timing import Timer, train_step
 from .backbone import SRViTBackbone
-from .training import build_model, build_optimizer, load_config, trainer_class
+from .training import build_model, build_optimizer, build_trainer, load_config
 
 
 def builds_srvit(net_cfg):
@@ -97,13 +97,14 @@ def detector_step(config, opts=(), *, mode="train", batch_size=1, device="cpu", 
 
 
 def trainer_steps(config, opts=(), *, images=1, warmup=1, steps=1):
-    """``warmup + steps`` iterations of detectron2's trainer for the config (``AMPTrainer`` where
-    ``train.amp.enabled``, as tools/train_net.py chooses), on ``train.device``, over one
-    synthetic batch at the config's input size: s/iter, peak memory, loss, grad scale."""
+    """``warmup + steps`` iterations of the trainer tools/train_net.py builds for the config
+    (``training.build_trainer``: detectron2's AMPTrainer on ``train.device`` where
+    ``train.amp.enabled``), over one synthetic batch at the config's input size: s/iter, peak
+    memory, loss, autocast dtype, grad scale."""
     cfg, size = detector_config(config, opts)
     model = build_model(cfg)
-    trainer = trainer_class(cfg)(model, itertools.repeat(synthetic_detection_batch(images, size)),
-                                 build_optimizer(cfg, model))
+    trainer = build_trainer(cfg, model, itertools.repeat(synthetic_detection_batch(images, size)),
+                            build_optimizer(cfg, model))
     timer = Timer(cfg.train.device)
 
     class TimeSteps(HookBase):
@@ -115,7 +116,9 @@ def trainer_steps(config, opts=(), *, images=1, warmup=1, steps=1):
 
     trainer.register_hooks([TimeSteps()])
     trainer.train(0, warmup + steps)
+    precision = getattr(trainer, "precision", None)
     return dict(config=config, size=size, images_per_gpu=images, trainer=type(trainer).__name__,
+                autocast_dtype=str(precision).replace("torch.", "") if precision else None,
                 grad_scale=trainer.grad_scaler.get_scale() if hasattr(trainer, "grad_scaler") else None,
                 total_loss=trainer.storage.latest()["total_loss"][0], **timer.summary(warmup))
 

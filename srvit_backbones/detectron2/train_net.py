@@ -86,7 +86,7 @@ def build_trainer(args, cfg):
     optim = training.build_optimizer(cfg, model)
     train_loader = instantiate(cfg.dataloader.train)
     model = create_ddp_model(model, **ddp_kwargs(cfg))
-    trainer = training.trainer_class(cfg)(model, train_loader, optim)
+    trainer = training.build_trainer(cfg, model, train_loader, optim)
     trainer.checkpointer = checkpointer = SRViTCheckpointer(model, cfg.train.output_dir, trainer=trainer)
     trainer.register_hooks([
         hooks.IterationTimer(),

@@ -3,6 +3,7 @@ handle silently (a square pad smaller than the images crops them)."""
 import torch
 
 from .custom_data import check_num_classes
+from .training import amp_dtype
 
 
 def _max_image_side(augmentations):
@@ -37,10 +38,10 @@ def validate_config(cfg):
                     f"to at least {-(-side // patch) * patch} or shrink the {split} augmentations")
     device = cfg.train.get("device", "cuda")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("train.device is 'cuda' but no GPU is available: pass train.device=cpu "
-                         "train.amp.enabled=False to run on the CPU")
-    if cfg.train.amp.enabled and not device.startswith("cuda"):
-        raise ValueError("train.amp.enabled=True needs a GPU (detectron2's AMPTrainer); pass train.amp.enabled=False")
+        raise ValueError("train.device is 'cuda' but no GPU is available: pass train.device=cpu to run on the CPU "
+                         "(where train.amp.enabled=True trains bf16 if the CPU has it natively; else add "
+                         "train.amp.enabled=False)")
+    amp_dtype(cfg)  # train.amp on this device: the trainer's dtype, or the error naming the fix
     validate_lvis_data(cfg)  # first: an LVIS config on a COCO file also has other classes
     check_num_classes(cfg)
     return cfg

@@ -9,8 +9,10 @@ from mmengine.structures import PixelData
 from mmseg.registry import MODELS
 from mmseg.structures import SegDataSample
 
+from ..amp import cpu_has_native_bf16
 from ..benchmark.timing import Timer
 from ..config_files import resolve_config
+from ..openmmlab.optim_wrapper import DeviceAmpOptimWrapper  # noqa: F401  (registers it)
 from ..openmmlab.tools import sync_bn_to_bn
 from . import SRViTBackbone  # noqa: F401  (registers the backbone)
 
@@ -31,17 +33,20 @@ def synthetic_segmentation_batch(images, size, classes=150):
 def segmentor_step(config, size, images, device):
     """(step, optim wrapper): one training step of an mmseg config's segmentor (``train_step``
     through its optim wrapper) on ``images`` synthetic images at ``size``, without the config's
-    pretrained file (the step, not the accuracy): on CUDA through ``AmpOptimWrapper`` (what a
-    GPU user switches on), on the CPU fp32 with plain BN (SyncBN and AMP need CUDA). The step
+    pretrained file (the step, not the accuracy), through ``AmpOptimWrapper`` (what a GPU user
+    switches on; ``DeviceAmpOptimWrapper`` on ``device``: fp16 on CUDA, bf16 on a CPU with native
+    bf16), in fp32 on a CPU without it; on the CPU with plain BN (SyncBN needs CUDA). The step
     returns the step's log (``loss`` and its parts)."""
     cfg = Config.fromfile(resolve_config("mmseg", config))
     cfg.model.data_preprocessor.size = (size, size)
     cfg.model.backbone.img_size = (size, size)
     cfg.model.backbone.pop("init_cfg", None)
-    if torch.device(device).type == "cuda":
-        cfg.optim_wrapper.type = "AmpOptimWrapper"
+    device_type = torch.device(device).type
+    if device_type == "cuda" or cpu_has_native_bf16():
+        cfg.optim_wrapper.update(type="DeviceAmpOptimWrapper", device_type=device_type)
     else:
         cfg.optim_wrapper.type = "OptimWrapper"
+    if device_type != "cuda":
         sync_bn_to_bn(cfg.model)
     with DefaultScope.overwrite_default_scope("mmseg"):
         model = MODELS.build(cfg.model).to(device)
@@ -57,13 +62,15 @@ def segmentor_step(config, size, images, device):
 
 
 def segmentor_steps(config, size, images, device, warmup=1, steps=1):
-    """``warmup + steps`` steps of ``segmentor_step`` (AmpOptimWrapper on CUDA): the GPU check's
-    row of s/iter, peak memory, loss and loss scale."""
+    """``warmup + steps`` steps of ``segmentor_step`` (AmpOptimWrapper on CUDA, and on a CPU with
+    native bf16): the GPU check's row of s/iter, peak memory, loss, autocast dtype and loss scale."""
     step, wrapper = segmentor_step(config, size, images, device)
     timer = Timer(device)
     for _ in range(warmup + steps):
         with timer.step():
             log = step()
     scale = wrapper.loss_scaler.get_scale() if hasattr(wrapper, "loss_scaler") else None
+    dtype = getattr(wrapper, "cast_dtype", None)
     return dict(config=config, size=size, images=images, optim_wrapper=type(wrapper).__name__,
-                loss_scale=scale, loss=float(log["loss"].detach()), **timer.summary(warmup))
+                autocast_dtype=str(dtype).replace("torch.", "") if dtype else None, loss_scale=scale,
+                loss=float(log["loss"].detach()), **timer.summary(warmup))

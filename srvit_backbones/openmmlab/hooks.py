@@ -3,21 +3,25 @@
 
 - ``Fp16CompressionHook``: gradients all-reduced in fp16 under DDP, detectron2's
   ``train.ddp.fp16_compression`` (ViTDet's recipe) for mmengine runners;
-- ``SRViTCheckpointHook``: mmengine's ``CheckpointHook`` with every checkpoint and the
-  ``last_checkpoint`` pointer written whole or not at all, and old checkpoints removed only once
-  the new one is complete;
+- ``SRViTCheckpointHook``: mmengine's ``CheckpointHook`` with every checkpoint (the best and
+  the published ones too) and the ``last_checkpoint`` pointer written whole or not at all, and
+  old checkpoints removed only once the new one is complete;
 - ``DivergenceCheckHook``: stops a run whose loss went non-finite, or whose GradScaler skipped
   step after step, naming the iteration, the last checkpoint and what to try (mmengine logs
   ``loss: nan`` to the end otherwise).
 """
+import hashlib
 import os
+import pickle
 
 import torch
-from mmengine.dist import is_main_process
+from mmengine.dist import is_main_process, master_only
 from mmengine.fileio import LocalBackend, register_backend
 from mmengine.hooks import CheckpointHook, Hook
+from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.optim import AmpOptimWrapper
+from mmengine.runner.checkpoint import _load_checkpoint, save_checkpoint
 from mmengine.utils import mkdir_or_exist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 from torch.nn.parallel import DistributedDataParallel
@@ -69,16 +73,21 @@ class SRViTCheckpointHook(CheckpointHook):
       ``max_keep_ckpts=1``); here the old ones are removed after the new one is complete;
     - the ``last_checkpoint`` pointer, which ``--resume`` reads, is written once the checkpoint
       is complete, and atomically too (mmengine rewrites it in place: a full disk there leaves an
-      empty pointer, on which ``--resume`` fails with " can not be found").
+      empty pointer, on which ``--resume`` fails with " can not be found");
+    - the best checkpoint (``save_best``): mmengine removes the previous best file before it
+      writes the new one, so a write that fails leaves none; here the new one is written first,
+      then the periodic checkpoint that records it, and only then is the previous one removed; a
+      write that fails puts the best score and file back in the hook and the message hub, so
+      they (and every checkpoint saved) name a complete file;
+    - the published model (``published_keys``) is written as the checkpoints are (mmengine
+      writes it in place).
 
     Non-finite weights are not saved: the run stops instead (``faults.refuse_non_finite_weights``),
     so a checkpoint is never replaced by a diverged one.
 
-    Not covered: ``save_best`` (mmengine removes the previous best file before writing the new
-    one) and ``published_keys`` (published in place); no shipped config uses them.
-
-    ``_save_checkpoint_with_step`` is mmengine 0.10's with these changes (it writes the pointer with
-    ``open`` itself, which no argument reaches, so it is not called)."""
+    ``_save_checkpoint_with_step``, ``_save_best_checkpoint`` and ``_publish_model`` are mmengine
+    0.10's with these changes (the first writes the pointer with ``open`` itself, which no argument
+    reaches, so it is not called)."""
 
     def __init__(self, *args, out_dir=None, file_client_args=None, backend_args=None, **kwargs):
         if backend_args is None and file_client_args is None and "://" not in str(out_dir or ""):
@@ -101,10 +110,7 @@ class SRViTCheckpointHook(CheckpointHook):
             return
         atomic_write_text(os.path.join(runner.work_dir, "last_checkpoint"), self.last_ckpt)
         for path in outdated:
-            if self.file_backend.isfile(path):
-                self.file_backend.remove(path)
-            elif self.file_backend.isdir(path):  # DeepSpeed saves a checkpoint as a folder
-                self.file_backend.rmtree(path)
+            self._remove(path)
 
     def _keep(self, runner, step):
         """mmengine's ``max_keep_ckpts`` bookkeeping of ``step``; the paths of the checkpoints it
@@ -119,6 +125,97 @@ class SRViTCheckpointHook(CheckpointHook):
         self.keep_ckpt_ids.append(step)
         runner.message_hub.update_info("keep_ckpt_ids", list(self.keep_ckpt_ids))
         return outdated
+
+    def _remove(self, path) -> bool:
+        """Remove the checkpoint ``path``, if it is there (True then)."""
+        if self.file_backend.isfile(path):
+            self.file_backend.remove(path)
+        elif self.file_backend.isdir(path):  # DeepSpeed saves a checkpoint as a folder
+            self.file_backend.rmtree(path)
+        else:
+            return False
+        return True
+
+    def _save_best_checkpoint(self, runner, metrics) -> None:
+        """mmengine 0.10's, reordered: the new best checkpoints written first, then the periodic
+        one that records them (mmengine writes it last too), then the previous best ones removed;
+        a failed write restores the best scores and paths (``_set_best``) before it is raised."""
+        if not self.save_best:
+            return
+        step, unit = (runner.epoch, "epoch") if self.by_epoch else (runner.iter, "iter")
+        ckpt_filename = self.filename_tmpl.format(step)
+        meta = dict(epoch=runner.epoch, iter=runner.iter)
+        if "auto" in self.key_indicators:
+            self._init_rule(self.rules, [list(metrics.keys())[0]])
+        previous = {}  # of each improved key indicator: its best (score, path) before
+        for key_indicator, rule in zip(self.key_indicators, self.rules):
+            score, score_key = metrics[key_indicator], self._best_info_keys(key_indicator)[0]
+            if score is not None and self.is_better_than[key_indicator](
+                    score, runner.message_hub.get_info(score_key, self.init_value_map[rule])):
+                previous[key_indicator] = (runner.message_hub.get_info(score_key), self._best_path(key_indicator))
+        if not previous:
+            return
+        try:
+            for key_indicator in previous:
+                score = metrics[key_indicator]
+                name = f"best_{key_indicator}_{ckpt_filename}".replace("/", "_")
+                # named before it is saved, as mmengine: the file's own message hub names it
+                self._set_best(runner, key_indicator, score, self.file_backend.join_path(self.out_dir, name))
+                runner.save_checkpoint(self.out_dir, filename=name, file_client_args=self.file_client_args,
+                                       save_optimizer=False, save_param_scheduler=False, meta=meta, by_epoch=False,
+                                       backend_args=self.backend_args)
+                runner.logger.info(f"The best checkpoint with {score:0.4f} {key_indicator} at {step} {unit} is "
+                                   f"saved to {name}.")
+            if self.last_ckpt is not None:  # saved again to record the new best in its message hub
+                self._save_checkpoint_with_step(runner, step, meta)
+        except BaseException:
+            for key_indicator, (score, path) in previous.items():
+                self._set_best(runner, key_indicator, score, path)
+            raise
+        for key_indicator, (_, path) in previous.items():
+            if path and path != self._best_path(key_indicator) and is_main_process() and self._remove(path):
+                runner.logger.info(f"The previous best checkpoint {path} is removed")
+
+    def _best_info_keys(self, key_indicator):
+        """The message hub's keys of ``key_indicator``'s best score and checkpoint (mmengine's)."""
+        suffix = "" if len(self.key_indicators) == 1 else f"_{key_indicator}"
+        return f"best_score{suffix}", f"best_ckpt{suffix}"
+
+    def _best_path(self, key_indicator):
+        return self.best_ckpt_path if len(self.key_indicators) == 1 else self.best_ckpt_path_dict[key_indicator]
+
+    def _set_best(self, runner, key_indicator, score, path) -> None:
+        """Record ``path`` as ``key_indicator``'s best checkpoint, of ``score``, in the hook and the
+        message hub (which checkpoints save and ``--resume`` restores); None: no best yet."""
+        if len(self.key_indicators) == 1:
+            self.best_ckpt_path = path
+        else:
+            self.best_ckpt_path_dict[key_indicator] = path
+        for key, value in zip(self._best_info_keys(key_indicator), (score, path)):
+            if value is None:
+                runner.message_hub.pop_info(key)
+            else:
+                runner.message_hub.update_info(key, value)
+
+    @master_only
+    def _publish_model(self, runner, ckpt_path: str) -> None:
+        """mmengine 0.10's, the published file written through ``backend_args`` as the checkpoints
+        are (``AtomicLocalBackend``: whole or not at all) where mmengine's writes it in place. A
+        ``save_best`` key that never improved has no best file (None), which mmengine's
+        ``after_train`` passes on too: nothing to publish, where mmengine's fails at the end of the run."""
+        if ckpt_path is None:
+            return
+        checkpoint = _load_checkpoint(ckpt_path)
+        removed_keys = [key for key in list(checkpoint) if key not in self.published_keys]
+        for key in removed_keys:
+            checkpoint.pop(key)
+        if removed_keys:
+            print_log(f"Key {removed_keys} will be removed because they are not found in published_keys. If you "
+                      f"want to keep them, please set `{removed_keys}` in published_keys", logger="current")
+        sha = hashlib.sha256(pickle.dumps(checkpoint)).hexdigest()
+        final_path = os.path.splitext(ckpt_path)[0] + f"-{sha[:8]}.pth"
+        save_checkpoint(checkpoint, final_path, file_client_args=self.file_client_args, backend_args=self.backend_args)
+        print_log(f"The checkpoint ({ckpt_path}) is published to {final_path}.", logger="current")
 
 
 class DivergenceCheckHook(Hook):

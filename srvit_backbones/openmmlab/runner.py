@@ -2,7 +2,8 @@
 script builds it. The shipped configs name it (``runner_type = 'SRViTRunner'``), so mmseg's and
 mmdet's own ``tools/train.py`` (what ``mim train`` runs, which build ``RUNNERS.build(cfg)`` when a
 config has a ``runner_type``) get what our tools/train_*.py get: the fault hooks where a config
-lacks them, the collective timeout, and ``--launcher pytorch`` on machines without a GPU
+lacks them, the collective timeout, ``AmpOptimWrapper`` on the run's device
+(``optim_wrapper.DeviceAmpOptimWrapper``), and ``--launcher pytorch`` on machines without a GPU
 (``tools.prepare_training``)."""
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner

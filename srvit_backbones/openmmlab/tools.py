@@ -4,30 +4,55 @@ check of the dataset's files before the Runner is built, and a training run's fa
 (the fault hooks, the collective timeout, ``--launcher pytorch`` on a machine without a GPU)."""
 import os
 import os.path as osp
+import warnings
 from typing import Callable, Iterable, Optional
 
 import torch
 import torch.distributed as dist
 from mmengine.config import Config
+from mmengine.device import get_device
 
 from ..config_files import resolve_config
 from ..faults import COLLECTIVE_TIMEOUT_S, collective_timeout
+from .optim_wrapper import amp_optim_dtype
+
+#: the ``optim_wrapper.type`` of mixed precision: mmengine's, and ours that ``prepare_training`` makes of it
+AMP_OPTIM_WRAPPERS = ("AmpOptimWrapper", "DeviceAmpOptimWrapper")
 
 
 def apply_amp(cfg: Config, requested: bool) -> None:
-    """``--amp``: train with mmengine's ``AmpOptimWrapper`` (fp16 autocast and a dynamic loss
-    scale). It needs CUDA, so ``--amp`` on a machine without a GPU is refused, and so is a
-    config that trains with it already, each naming the fix."""
-    uses_amp = requested or cfg.optim_wrapper.type == "AmpOptimWrapper"
-    if uses_amp and not torch.cuda.is_available():
-        if requested:
-            raise SystemExit("--amp needs a GPU (mmengine's AmpOptimWrapper); drop --amp to train on the CPU")
-        raise SystemExit("this config trains with mixed precision (optim_wrapper.type='AmpOptimWrapper': fp16 "
-                         "autocast and a GradScaler), which needs a CUDA GPU; to train in fp32 on the CPU add "
-                         "--cfg-options optim_wrapper.type=OptimWrapper")
-    if requested and cfg.optim_wrapper.type != "AmpOptimWrapper":
+    """``--amp``: train with ``AmpOptimWrapper`` and a dynamic loss scale, as mmseg's and mmdet's
+    own tools/train.py do (``prepare_training`` makes it ``DeviceAmpOptimWrapper``: fp16 on CUDA,
+    bf16 on a CPU with native bf16). On a CPU without native bf16 ``--amp``, and a config that
+    trains with ``AmpOptimWrapper`` without a dtype, are refused here, before anything is built,
+    each naming the fix (``srvit_backbones.amp``'s rule: never a silent fp32 run, nor emulated
+    bf16, which is slower than fp32)."""
+    if requested and cfg.optim_wrapper.type not in AMP_OPTIM_WRAPPERS:
         cfg.optim_wrapper.type = "AmpOptimWrapper"
         cfg.optim_wrapper.loss_scale = "dynamic"
+    if cfg.optim_wrapper.type not in AMP_OPTIM_WRAPPERS or not runs_device_amp(cfg.optim_wrapper):
+        return
+    device_type = cfg.optim_wrapper.get("device_type") or get_device()
+    try:
+        with warnings.catch_warnings():  # an emulated dtype: the wrapper warns when it is built
+            warnings.simplefilter("ignore")
+            amp_optim_dtype(device_type, cfg.optim_wrapper.get("dtype"))
+    except ValueError as e:
+        if not (requested and cfg.optim_wrapper.get("dtype") is None and torch.device(device_type).type == "cpu"):
+            raise SystemExit(str(e)) from None
+        raise SystemExit("--amp on the CPU runs bf16, but this CPU has no native bf16 (AVX512-BF16 or AMX), and "
+                         "emulated bf16 is slower than fp32: drop --amp to train in fp32, or name the dtype, "
+                         "--cfg-options optim_wrapper.dtype=float16, to run the GPU's fp16 path here (loss scaling "
+                         "and skipped steps; slower than fp32)") from None
+
+
+def runs_device_amp(optim_wrapper) -> bool:
+    """Whether an ``optim_wrapper`` config runs ``DeviceAmpOptimWrapper``: on CUDA and the CPU
+    (its ``device_type``, else the run's device); an ``AmpOptimWrapper`` on an NPU, MLU or MUSA
+    device stays mmengine's own, which runs there."""
+    if optim_wrapper.get("type") == "DeviceAmpOptimWrapper":
+        return True
+    return str(optim_wrapper.get("device_type") or get_device()).split(":")[0] in ("cuda", "cpu")
 
 
 def check_compile(cfg: Config) -> None:
@@ -68,14 +93,19 @@ def load_config(args, framework: str, custom_data: Optional[Callable[[Config], N
 
 def prepare_training(cfg: Config) -> None:
     """A run's config (``SRViTRunner`` applies it to training and test runs alike) made to
-    survive faults, and its process group started where
-    mmengine cannot: the checkpoint hook made ``SRViTCheckpointHook`` (written whole or not at
-    all) and ``DivergenceCheckHook`` added where a config (a user's own) lacks them, the
+    survive faults, its mixed precision run on the run's device, and its process group started
+    where mmengine cannot: the checkpoint hook made ``SRViTCheckpointHook`` (written whole or not
+    at all), ``AmpOptimWrapper`` made ``DeviceAmpOptimWrapper`` (mmengine's on CUDA, and on a
+    CPU by the package's mixed-precision rule: ``optim_wrapper``), ``DivergenceCheckHook`` added
+    where a config (a user's own) lacks it, the
     collective timeout ``faults.COLLECTIVE_TIMEOUT_S`` where ``env_cfg.dist_cfg`` sets none, and
     ``init_cpu_distributed``."""
     checkpoint = (cfg.get("default_hooks") or {}).get("checkpoint")
     if checkpoint and checkpoint.get("type") == "CheckpointHook":
         checkpoint["type"] = "SRViTCheckpointHook"
+    optim_wrapper = cfg.get("optim_wrapper")
+    if optim_wrapper and optim_wrapper.get("type") == "AmpOptimWrapper" and runs_device_amp(optim_wrapper):
+        optim_wrapper["type"] = "DeviceAmpOptimWrapper"
     hooks = list(cfg.get("custom_hooks") or [])  # mmengine also takes None or a tuple
     if not any(hook.get("type") == "DivergenceCheckHook" for hook in hooks):
         hooks.append(dict(type="DivergenceCheckHook"))

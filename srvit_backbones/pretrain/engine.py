@@ -150,20 +150,19 @@ LOSS_CHECK_INTERVAL = 4
 
 
 def train_one_epoch(epoch, model, loader, optimizer, criterion, scheduler, args, loss_scaler=None,
-                    mixup_fn=None, model_ema=None, distill=False, state=None, dtype="--amp"):
+                    mixup_fn=None, model_ema=None, distill=False, state=None):
     """One epoch of ``loader``; stops (``faults.Diverged``) at a non-finite loss, read every
     ``LOSS_CHECK_INTERVAL`` steps and at each log line, or after more than
     ``faults.MAX_CONSECUTIVE_SKIPPED_STEPS`` steps skipped in a row by an fp16 ``loss_scaler``.
-    Returns the last step's loss. ``dtype``: the autocast dtype (None: fp32), by default that of
-    ``--amp`` on ``--device`` (``precision``); given, it also runs fp16 with a GradScaler on the
-    CPU, which ``--amp`` refuses there (emulated fp16 is slow) but whose every branch tests run."""
+    Returns the last step's loss. Autocast runs in the dtype of ``--amp`` on ``--device``
+    (``precision``; None: fp32)."""
     model.train()
     device = torch.device(args.device)
     n_iters = len(loader) if not args.max_iters_per_epoch else min(len(loader), args.max_iters_per_epoch)
     total_iters = n_iters * args.epochs
     start = time.time()
     seen, unread, last_loss = 0, [], None
-    dtype = precision(args) if dtype == "--amp" else dtype
+    dtype = precision(args)
     if loss_scaler is not None and "skipped_steps" not in state:  # the scale before the first step
         state["skipped_steps"] = SkippedStepCounter().start(loss_scaler._scaler)
     for i, (images, targets) in enumerate(loader):
