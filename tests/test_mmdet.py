@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 
-import mmdet
 import pytest
 import timm
 import torch
@@ -55,7 +54,6 @@ CONFIGS = sorted(p for p in glob.glob(os.path.join(CONFIG_DIR, "**", "*.py"), re
 ZOO = sorted(p for folder in ZOO_FOLDERS for p in glob.glob(os.path.join(CONFIG_DIR, folder, "*.py")))
 FLAGSHIP = os.path.join(CONFIG_DIR, "mask_rcnn_srvit_s_t3_lsj.py")
 QUICKSTART = os.path.join(CONFIG_DIR, "quickstart", "mask_rcnn_srvit_tiny_cpu.py")
-MMDET_TOOLS = os.path.join(os.path.dirname(mmdet.__file__), ".mim", "tools")
 WIDTH, HEADS, SIZE, CHANNELS = 32, 2, 64, 32
 
 register_all_modules()
