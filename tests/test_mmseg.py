@@ -18,7 +18,7 @@ import torch
 from mmengine.config import Config
 from mmengine.fileio import register_backend
 from mmengine.registry import DefaultScope
-from mmengine.optim import AmpOptimWrapper, build_optim_wrapper
+from mmengine.optim import AmpOptimWrapper, OptimWrapper, build_optim_wrapper
 from mmseg.registry import MODELS
 from mmseg.utils import register_all_modules
 
@@ -710,6 +710,19 @@ def test_amp_on_a_cpu_trains_in_bf16(seg_root, tmp_path, monkeypatch):
     assert (wrapper.device_type, wrapper.cast_dtype) == ("cpu", torch.bfloat16)
     assert logits == [torch.bfloat16] and runner.iter == 1
     assert wrapper.loss_scaler.get_scale() == 2.0 ** 16 and wrapper.loss_scaler._get_growth_tracker() == 1
+
+
+def test_the_segmentor_benchmark_asks_the_cpu_when_it_runs(monkeypatch):
+    """The benchmark's segmentor step (tools/gpu_check.py's (b)) asks ``amp.cpu_has_native_bf16``
+    when it runs, not when it was first imported: a test that patches the function (as the GPU
+    check's tests do) gets its branch whatever ran before it. bf16 where the CPU has it, fp32
+    where it does not."""
+    from srvit_backbones.mmseg.benchmark import segmentor_step
+
+    for native, wrapper_type in ((True, DeviceAmpOptimWrapper), (False, OptimWrapper)):
+        monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: native)
+        _, wrapper = segmentor_step("quickstart/upernet_srvit_tiny_cpu.py", 32, 1, "cpu")
+        assert type(wrapper) is wrapper_type
 
 
 def test_mmengines_whole_model_compile_is_refused_naming_the_backbones_switch(tmp_path):
