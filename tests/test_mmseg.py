@@ -387,39 +387,64 @@ def test_a_best_or_published_checkpoint_cut_short_keeps_the_previous_best(seg_ro
     """save_best='mIoU' resumed with a best checkpoint from before (iter_24.pth's message hub names it,
     at an mIoU of -1: any beats it): a full disk (ulimit -f) while the new best is written at
     iteration 25 stops the run naming the file and the cause, and the previous best is still there,
-    byte-identical, named by the hook and the message hub (mmengine removes it first). Publishing it
+    byte-identical, named by the hook and the message hub (mmengine removes it first). The same when
+    the new best is written and the periodic checkpoint that records it is not: the new best file is
+    removed too. With room, the best improves: the new best file complete, the periodic checkpoint
+    saved again recording it, as the hook and the hub do, the previous best removed. Publishing it
     (published_keys, the hook's after_train) on the full disk leaves no cut published file; with room,
     it is published under mmengine's name."""
     work, _, runner = resumed_from_iter_24(seg_root, trained, tmp_path, monkeypatch, "train_cfg.val_interval=1",
                                            "default_hooks.checkpoint.save_best=mIoU",
                                            "default_hooks.checkpoint.rule=greater",
                                            "default_hooks.checkpoint.published_keys=[meta,state_dict]")
-    previous_best = work / "best_mIoU_iter_24.pth"
+    previous_best, new_best, periodic = work / "best_mIoU_iter_24.pth", work / "best_mIoU_iter_25.pth", \
+        work / "iter_25.pth"
     ckpt = torch.load(work / "iter_24.pth", map_location="cpu", weights_only=False)
     ckpt["message_hub"]["runtime_info"].update(best_score=-1.0, best_ckpt=str(previous_best))
     torch.save(ckpt, work / "iter_24.pth")
     shutil.copy(work / "iter_24.pth", previous_best)
     saved = previous_best.read_bytes()
-    half_the_weights = sum(t.numel() * t.element_size() for t in ckpt["state_dict"].values()) // 2
-    with file_size_limit(half_the_weights), \
-            pytest.raises(OSError, match=rf"'{work / 'best_mIoU_iter_25.pth'}' was not written: File too large"):
+    weights = sum(t.numel() * t.element_size() for t in ckpt["state_dict"].values())
+    with file_size_limit(weights // 2), \
+            pytest.raises(OSError, match=rf"'{new_best}' was not written: File too large"):
         runner.train()
     (hook,) = [hook for hook in runner.hooks if isinstance(hook, SRViTCheckpointHook)]
-    assert previous_best.read_bytes() == saved and not list(work.glob("best_mIoU_iter_25.pth*"))
-    assert hook.best_ckpt_path == runner.message_hub.get_info("best_ckpt") == str(previous_best)
-    assert runner.message_hub.get_info("best_score") == -1.0
 
-    with file_size_limit(half_the_weights), pytest.raises(OSError, match=r"best_mIoU_iter_24-\w{8}.pth' was not "
-                                                                        r"written: File too large"):
+    def assert_the_previous_best_stands():
+        assert previous_best.read_bytes() == saved and not list(work.glob("*_iter_25.pth*"))
+        assert hook.best_ckpt_path == runner.message_hub.get_info("best_ckpt") == str(previous_best)
+        assert runner.message_hub.get_info("best_score") == -1.0
+        assert (work / "last_checkpoint").read_text() == str(work / "iter_24.pth")
+    assert_the_previous_best_stands()
+    hook.last_ckpt = str(work / "iter_24.pth")  # as after a periodic save of this run (a resume leaves it None)
+    # room for the best file (the weights), not for the periodic one (with AdamW's moments, 3x)
+    with file_size_limit(2 * weights), pytest.raises(OSError, match=rf"'{periodic}' was not written: File too large"):
+        hook._save_best_checkpoint(runner, {"mIoU": 50.0})
+    assert_the_previous_best_stands()
+    hook._save_best_checkpoint(runner, {"mIoU": 50.0})
+    assert not previous_best.exists() and (work / "last_checkpoint").read_text() == str(periodic)
+    best = torch.load(new_best, map_location="cpu", weights_only=False)
+    recorded = torch.load(periodic, map_location="cpu", weights_only=False)["message_hub"]["runtime_info"]
+    assert best["state_dict"].keys() == ckpt["state_dict"].keys() and best["meta"]["iter"] == 25
+    assert (recorded["best_ckpt"], recorded["best_score"]) == (str(new_best), 50.0)
+    assert hook.best_ckpt_path == runner.message_hub.get_info("best_ckpt") == str(new_best)
+    assert runner.message_hub.get_info("best_score") == 50.0
+
+    # after_train publishes the last checkpoint (save_last) and the best
+    with file_size_limit(weights // 2), pytest.raises(OSError, match=r"iter_25-\w{8}.pth' was not written: File "
+                                                                   r"too large"):
         hook.after_train(runner)
-    assert sorted(work.glob("*.pth*")) == [previous_best, work / "iter_24.pth"]
+    # iter_24.pth stays: the failed save above had dropped it from max_keep_ckpts' list (the run stops there)
+    assert sorted(work.glob("*.pth*")) == [new_best, work / "iter_24.pth", periodic]
     hook.after_train(runner)
-    (published,) = work.glob("best_mIoU_iter_24-*.pth")
+    (published,) = work.glob("best_mIoU_iter_25-*.pth")
     assert set(torch.load(published, map_location="cpu", weights_only=False)) == {"meta", "state_dict"}
     # two save_best keys, one that never improved (no best file): mmengine's after_train publishes None
-    hook.best_ckpt_path, hook.best_ckpt_path_dict = None, {"mIoU": str(previous_best), "aAcc": None}
+    for path in work.glob("*-*.pth"):
+        path.unlink()
+    hook.best_ckpt_path, hook.best_ckpt_path_dict = None, {"mIoU": str(new_best), "aAcc": None}
     hook.after_train(runner)
-    assert {path.name.split("-")[0] for path in work.glob("*-*.pth")} == {"best_mIoU_iter_24"}  # published again
+    assert sorted(path.name.split("-")[0] for path in work.glob("*-*.pth")) == ["best_mIoU_iter_25", "iter_25"]
     assert not list(work.glob("*.tmp"))
 
 

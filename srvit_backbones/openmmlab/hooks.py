@@ -77,8 +77,9 @@ class SRViTCheckpointHook(CheckpointHook):
     - the best checkpoint (``save_best``): mmengine removes the previous best file before it
       writes the new one, so a write that fails leaves none; here the new one is written first,
       then the periodic checkpoint that records it, and only then is the previous one removed; a
-      write that fails puts the best score and file back in the hook and the message hub, so
-      they (and every checkpoint saved) name a complete file;
+      write that fails stops the run with its error, the new best files removed and the best
+      score and file put back in the hook and the message hub, which name the previous best,
+      complete (``_save_best_checkpoint``);
     - the published model (``published_keys``) is written as the checkpoints are (mmengine
       writes it in place).
 
@@ -138,8 +139,15 @@ class SRViTCheckpointHook(CheckpointHook):
 
     def _save_best_checkpoint(self, runner, metrics) -> None:
         """mmengine 0.10's, reordered: the new best checkpoints written first, then the periodic
-        one that records them (mmengine writes it last too), then the previous best ones removed;
-        a failed write restores the best scores and paths (``_set_best``) before it is raised."""
+        one that records them (mmengine writes it last too), then the previous best ones removed.
+
+        A write that fails (a full disk) raises its error, which stops the run, after this: the
+        new best files this call wrote are removed, so every checkpoint file on disk, and the one
+        ``last_checkpoint`` names, is complete, and the hook's and the message hub's best scores
+        and paths are as before the call (``_set_best``), naming the previous best files, still
+        there (one saved again at its own step, under its own name, was replaced whole). What the failed periodic save had already recorded, the hook's ``last_ckpt`` and the
+        message hub's ``last_ckpt`` and ``keep_ckpt_ids`` (mmengine's bookkeeping, before the
+        write), is not put back: the run stops, so no checkpoint saves it."""
         if not self.save_best:
             return
         step, unit = (runner.epoch, "epoch") if self.by_epoch else (runner.iter, "iter")
@@ -155,15 +163,18 @@ class SRViTCheckpointHook(CheckpointHook):
                 previous[key_indicator] = (runner.message_hub.get_info(score_key), self._best_path(key_indicator))
         if not previous:
             return
+        written = []  # the new best files, complete
         try:
             for key_indicator in previous:
                 score = metrics[key_indicator]
                 name = f"best_{key_indicator}_{ckpt_filename}".replace("/", "_")
+                path = self.file_backend.join_path(self.out_dir, name)
                 # named before it is saved, as mmengine: the file's own message hub names it
-                self._set_best(runner, key_indicator, score, self.file_backend.join_path(self.out_dir, name))
+                self._set_best(runner, key_indicator, score, path)
                 runner.save_checkpoint(self.out_dir, filename=name, file_client_args=self.file_client_args,
                                        save_optimizer=False, save_param_scheduler=False, meta=meta, by_epoch=False,
                                        backend_args=self.backend_args)
+                written.append(path)
                 runner.logger.info(f"The best checkpoint with {score:0.4f} {key_indicator} at {step} {unit} is "
                                    f"saved to {name}.")
             if self.last_ckpt is not None:  # saved again to record the new best in its message hub
@@ -171,6 +182,10 @@ class SRViTCheckpointHook(CheckpointHook):
         except BaseException:
             for key_indicator, (score, path) in previous.items():
                 self._set_best(runner, key_indicator, score, path)
+            kept = {path for _, path in previous.values()}  # a best saved again at its own step replaced itself
+            if is_main_process():
+                for path in [path for path in written if path not in kept]:
+                    self._remove(path)
             raise
         for key_indicator, (_, path) in previous.items():
             if path and path != self._best_path(key_indicator) and is_main_process() and self._remove(path):
