@@ -28,6 +28,7 @@ from mmseg.utils import register_all_modules
 import srvit_backbones
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import CheckpointError, amp, create_srvit
+from srvit_backbones.openmmlab import hooks as openmmlab_hooks
 from srvit_backbones.openmmlab.hooks import AtomicLocalBackend, DivergenceCheckHook, SRViTCheckpointHook
 from srvit_backbones.openmmlab.optim_wrapper import DeviceAmpOptimWrapper
 from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg, assert_mmengine_resume_restores,
@@ -390,7 +391,9 @@ def test_a_best_or_published_checkpoint_cut_short_keeps_the_previous_best(seg_ro
     byte-identical, named by the hook and the message hub (mmengine removes it first). The same when
     the new best is written and the periodic checkpoint that records it is not: the new best file is
     removed too. With room, the best improves: the new best file complete, the periodic checkpoint
-    saved again recording it, as the hook and the hub do, the previous best removed. Publishing it
+    saved again recording it, as the hook and the hub do, the previous best removed. A checkpoint
+    written whole that records a better one, with the last_checkpoint pointer failing after it,
+    keeps both (the one it names, the one the pointer's checkpoint names). Publishing it
     (published_keys, the hook's after_train) on the full disk leaves no cut published file; with room,
     it is published under mmengine's name."""
     work, _, runner = resumed_from_iter_24(seg_root, trained, tmp_path, monkeypatch, "train_cfg.val_interval=1",
@@ -429,22 +432,36 @@ def test_a_best_or_published_checkpoint_cut_short_keeps_the_previous_best(seg_ro
     assert (recorded["best_ckpt"], recorded["best_score"]) == (str(new_best), 50.0)
     assert hook.best_ckpt_path == runner.message_hub.get_info("best_ckpt") == str(new_best)
     assert runner.message_hub.get_info("best_score") == 50.0
+    # a better one at the next iteration, its checkpoint written and then last_checkpoint not: both bests stay
+    runner.train_loop._iter = 26  # (an iteration trained)
+    def disk_full(path, text):
+        raise OSError(f"{path!r} was not written: No space left on device")
+    with monkeypatch.context() as disk:
+        disk.setattr(openmmlab_hooks, "atomic_write_text", disk_full)
+        with pytest.raises(OSError, match="last_checkpoint' was not written"):
+            hook._save_best_checkpoint(runner, {"mIoU": 60.0})
+    newer_best = work / "best_mIoU_iter_26.pth"
+    recorded = torch.load(work / "iter_26.pth", map_location="cpu", weights_only=False)["message_hub"]["runtime_info"]
+    assert recorded["best_ckpt"] == hook.best_ckpt_path == runner.message_hub.get_info("best_ckpt") == str(newer_best)
+    assert torch.load(newer_best, map_location="cpu", weights_only=False)["meta"]["iter"] == 26
+    assert new_best.exists() and (work / "last_checkpoint").read_text() == str(periodic)
 
     # after_train publishes the last checkpoint (save_last) and the best
-    with file_size_limit(weights // 2), pytest.raises(OSError, match=r"iter_25-\w{8}.pth' was not written: File "
+    with file_size_limit(weights // 2), pytest.raises(OSError, match=r"iter_26-\w{8}.pth' was not written: File "
                                                                    r"too large"):
         hook.after_train(runner)
     # iter_24.pth stays: the failed save above had dropped it from max_keep_ckpts' list (the run stops there)
-    assert sorted(work.glob("*.pth*")) == [new_best, work / "iter_24.pth", periodic]
+    assert sorted(path.name for path in work.glob("*.pth*")) == [
+        "best_mIoU_iter_25.pth", "best_mIoU_iter_26.pth", "iter_24.pth", "iter_25.pth", "iter_26.pth"]
     hook.after_train(runner)
-    (published,) = work.glob("best_mIoU_iter_25-*.pth")
+    (published,) = work.glob("best_mIoU_iter_26-*.pth")
     assert set(torch.load(published, map_location="cpu", weights_only=False)) == {"meta", "state_dict"}
     # two save_best keys, one that never improved (no best file): mmengine's after_train publishes None
     for path in work.glob("*-*.pth"):
         path.unlink()
-    hook.best_ckpt_path, hook.best_ckpt_path_dict = None, {"mIoU": str(new_best), "aAcc": None}
+    hook.best_ckpt_path, hook.best_ckpt_path_dict = None, {"mIoU": str(newer_best), "aAcc": None}
     hook.after_train(runner)
-    assert sorted(path.name.split("-")[0] for path in work.glob("*-*.pth")) == ["best_mIoU_iter_25", "iter_25"]
+    assert sorted(path.name.split("-")[0] for path in work.glob("*-*.pth")) == ["best_mIoU_iter_26", "iter_26"]
     assert not list(work.glob("*.tmp"))
 
 

@@ -133,7 +133,8 @@ def prepare_optim_wrapper(cfg: Config) -> None:
     mmengine's on CUDA, and on a CPU by the package's mixed-precision rule), with ``use_fsdp=True``
     (a ``ShardedGradScaler``, whose ranks agree on a skipped step) where the model is sharded
     (``shards_with_fsdp``), unless the config sets it: mmengine's ``FSDPStrategy`` sets it only on
-    a wrapper named ``AmpOptimWrapper``. mmengine's plain ``OptimWrapper`` (fp32, the fix the
+    a wrapper named ``AmpOptimWrapper``, and its ``Runner`` with ``MMFullyShardedDataParallel``
+    not at all (its ranks could disagree on skipping a step). mmengine's plain ``OptimWrapper`` (fp32, the fix the
     messages name: ``--cfg-options optim_wrapper.type=OptimWrapper``, which cannot delete keys)
     drops the keys only mixed precision takes, with a warning naming them, where it would fail on
     them (``unexpected keyword argument``)."""
