@@ -24,7 +24,8 @@ def cpu_has_native_bf16() -> bool:
 
 
 def cpu_has_native_fp16() -> bool:
-    """Whether this CPU computes fp16 matrix products natively (AMX-FP16 tiles)."""
+    """Whether this CPU computes fp16 matrix products natively, by its AMX-FP16 tiles: torch
+    exposes no check of AVX512-FP16, so a CPU with that alone is warned about as emulated too."""
     check = getattr(getattr(torch, "cpu", None), "_is_amx_fp16_supported", None)
     return bool(check is not None and check())
 

@@ -4,6 +4,7 @@ import contextlib
 import functools
 import glob
 import json
+import logging
 import os
 import re
 import resource
@@ -11,21 +12,24 @@ import shutil
 import subprocess
 import sys
 import warnings
+from types import SimpleNamespace
 
 import mmseg
 import pytest
 import torch
 from mmengine.config import Config
 from mmengine.fileio import register_backend
+from mmengine.logging import MMLogger
 from mmengine.registry import DefaultScope
-from mmengine.optim import AmpOptimWrapper, build_optim_wrapper
+from mmengine.optim import AmpOptimWrapper, OptimWrapper, build_optim_wrapper
 from mmseg.registry import MODELS
 from mmseg.utils import register_all_modules
 
 import srvit_backbones
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import CheckpointError, amp, create_srvit
-from srvit_backbones.openmmlab.hooks import AtomicLocalBackend, SRViTCheckpointHook
+from srvit_backbones.openmmlab import hooks as openmmlab_hooks
+from srvit_backbones.openmmlab.hooks import AtomicLocalBackend, DivergenceCheckHook, SRViTCheckpointHook
 from srvit_backbones.openmmlab.optim_wrapper import DeviceAmpOptimWrapper
 from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg, assert_mmengine_resume_restores,
                      assert_mmengine_run_stops_diverged, divergence_report, file_size_limit, free_port,
@@ -273,6 +277,23 @@ def check_resume_restores_state(seg_root, work, monkeypatch):
     assert ckpt["meta"]["iter"] == 24
 
 
+@contextlib.contextmanager
+def logged_warnings(logger=None):
+    """The records of the warnings ``logger`` logs inside the block (default: mmengine's current
+    logger, which ``print_log(logger='current')`` writes to)."""
+    from mmengine.logging import MMLogger
+
+    logger = logger or MMLogger.get_current_instance()
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+
+
 def test_mmseg_own_train_test_and_resume(seg_root, trained, monkeypatch):
     work, log = trained
     losses = [s["loss"] for s in scalars(work) if "loss" in s]
@@ -367,39 +388,80 @@ def test_a_best_or_published_checkpoint_cut_short_keeps_the_previous_best(seg_ro
     """save_best='mIoU' resumed with a best checkpoint from before (iter_24.pth's message hub names it,
     at an mIoU of -1: any beats it): a full disk (ulimit -f) while the new best is written at
     iteration 25 stops the run naming the file and the cause, and the previous best is still there,
-    byte-identical, named by the hook and the message hub (mmengine removes it first). Publishing it
+    byte-identical, named by the hook and the message hub (mmengine removes it first). The same when
+    the new best is written and the periodic checkpoint that records it is not: the new best file is
+    removed too. With room, the best improves: the new best file complete, the periodic checkpoint
+    saved again recording it, as the hook and the hub do, the previous best removed. A checkpoint
+    written whole that records a better one, with the last_checkpoint pointer failing after it,
+    keeps both (the one it names, the one the pointer's checkpoint names). Publishing it
     (published_keys, the hook's after_train) on the full disk leaves no cut published file; with room,
     it is published under mmengine's name."""
     work, _, runner = resumed_from_iter_24(seg_root, trained, tmp_path, monkeypatch, "train_cfg.val_interval=1",
                                            "default_hooks.checkpoint.save_best=mIoU",
                                            "default_hooks.checkpoint.rule=greater",
                                            "default_hooks.checkpoint.published_keys=[meta,state_dict]")
-    previous_best = work / "best_mIoU_iter_24.pth"
+    previous_best, new_best, periodic = work / "best_mIoU_iter_24.pth", work / "best_mIoU_iter_25.pth", \
+        work / "iter_25.pth"
     ckpt = torch.load(work / "iter_24.pth", map_location="cpu", weights_only=False)
     ckpt["message_hub"]["runtime_info"].update(best_score=-1.0, best_ckpt=str(previous_best))
     torch.save(ckpt, work / "iter_24.pth")
     shutil.copy(work / "iter_24.pth", previous_best)
     saved = previous_best.read_bytes()
-    half_the_weights = sum(t.numel() * t.element_size() for t in ckpt["state_dict"].values()) // 2
-    with file_size_limit(half_the_weights), \
-            pytest.raises(OSError, match=rf"'{work / 'best_mIoU_iter_25.pth'}' was not written: File too large"):
+    weights = sum(t.numel() * t.element_size() for t in ckpt["state_dict"].values())
+    with file_size_limit(weights // 2), \
+            pytest.raises(OSError, match=rf"'{new_best}' was not written: File too large"):
         runner.train()
     (hook,) = [hook for hook in runner.hooks if isinstance(hook, SRViTCheckpointHook)]
-    assert previous_best.read_bytes() == saved and not list(work.glob("best_mIoU_iter_25.pth*"))
-    assert hook.best_ckpt_path == runner.message_hub.get_info("best_ckpt") == str(previous_best)
-    assert runner.message_hub.get_info("best_score") == -1.0
 
-    with file_size_limit(half_the_weights), pytest.raises(OSError, match=r"best_mIoU_iter_24-\w{8}.pth' was not "
-                                                                        r"written: File too large"):
+    def assert_the_previous_best_stands():
+        assert previous_best.read_bytes() == saved and not list(work.glob("*_iter_25.pth*"))
+        assert hook.best_ckpt_path == runner.message_hub.get_info("best_ckpt") == str(previous_best)
+        assert runner.message_hub.get_info("best_score") == -1.0
+        assert (work / "last_checkpoint").read_text() == str(work / "iter_24.pth")
+    assert_the_previous_best_stands()
+    hook.last_ckpt = str(work / "iter_24.pth")  # as after a periodic save of this run (a resume leaves it None)
+    # room for the best file (the weights), not for the periodic one (with AdamW's moments, 3x)
+    with file_size_limit(2 * weights), pytest.raises(OSError, match=rf"'{periodic}' was not written: File too large"):
+        hook._save_best_checkpoint(runner, {"mIoU": 50.0})
+    assert_the_previous_best_stands()
+    hook._save_best_checkpoint(runner, {"mIoU": 50.0})
+    assert not previous_best.exists() and (work / "last_checkpoint").read_text() == str(periodic)
+    best = torch.load(new_best, map_location="cpu", weights_only=False)
+    recorded = torch.load(periodic, map_location="cpu", weights_only=False)["message_hub"]["runtime_info"]
+    assert best["state_dict"].keys() == ckpt["state_dict"].keys() and best["meta"]["iter"] == 25
+    assert (recorded["best_ckpt"], recorded["best_score"]) == (str(new_best), 50.0)
+    assert hook.best_ckpt_path == runner.message_hub.get_info("best_ckpt") == str(new_best)
+    assert runner.message_hub.get_info("best_score") == 50.0
+    # a better one at the next iteration, its checkpoint written and then last_checkpoint not: both bests stay
+    runner.train_loop._iter = 26  # (an iteration trained)
+    def disk_full(path, text):
+        raise OSError(f"{path!r} was not written: No space left on device")
+    with monkeypatch.context() as disk:
+        disk.setattr(openmmlab_hooks, "atomic_write_text", disk_full)
+        with pytest.raises(OSError, match="last_checkpoint' was not written"):
+            hook._save_best_checkpoint(runner, {"mIoU": 60.0})
+    newer_best = work / "best_mIoU_iter_26.pth"
+    recorded = torch.load(work / "iter_26.pth", map_location="cpu", weights_only=False)["message_hub"]["runtime_info"]
+    assert recorded["best_ckpt"] == hook.best_ckpt_path == runner.message_hub.get_info("best_ckpt") == str(newer_best)
+    assert torch.load(newer_best, map_location="cpu", weights_only=False)["meta"]["iter"] == 26
+    assert new_best.exists() and (work / "last_checkpoint").read_text() == str(periodic)
+
+    # after_train publishes the last checkpoint (save_last) and the best
+    with file_size_limit(weights // 2), pytest.raises(OSError, match=r"iter_26-\w{8}.pth' was not written: File "
+                                                                   r"too large"):
         hook.after_train(runner)
-    assert sorted(work.glob("*.pth*")) == [previous_best, work / "iter_24.pth"]
+    # iter_24.pth stays: the failed save above had dropped it from max_keep_ckpts' list (the run stops there)
+    assert sorted(path.name for path in work.glob("*.pth*")) == [
+        "best_mIoU_iter_25.pth", "best_mIoU_iter_26.pth", "iter_24.pth", "iter_25.pth", "iter_26.pth"]
     hook.after_train(runner)
-    (published,) = work.glob("best_mIoU_iter_24-*.pth")
+    (published,) = work.glob("best_mIoU_iter_26-*.pth")
     assert set(torch.load(published, map_location="cpu", weights_only=False)) == {"meta", "state_dict"}
     # two save_best keys, one that never improved (no best file): mmengine's after_train publishes None
-    hook.best_ckpt_path, hook.best_ckpt_path_dict = None, {"mIoU": str(previous_best), "aAcc": None}
+    for path in work.glob("*-*.pth"):
+        path.unlink()
+    hook.best_ckpt_path, hook.best_ckpt_path_dict = None, {"mIoU": str(newer_best), "aAcc": None}
     hook.after_train(runner)
-    assert {path.name.split("-")[0] for path in work.glob("*-*.pth")} == {"best_mIoU_iter_24"}  # published again
+    assert sorted(path.name.split("-")[0] for path in work.glob("*-*.pth")) == ["best_mIoU_iter_26", "iter_26"]
     assert not list(work.glob("*.tmp"))
 
 
@@ -409,7 +471,6 @@ def test_a_configs_own_runner_gets_the_same_fault_handling(seg_root, tmp_path, m
     mmengine's) take the divergence check too."""
     from mmengine.runner import Runner
 
-    from srvit_backbones.openmmlab.hooks import DivergenceCheckHook
     from srvit_backbones.openmmlab.tools import prepare_training
 
     monkeypatch.chdir(seg_root)
@@ -429,12 +490,9 @@ def test_under_gradient_accumulation_the_skips_are_counted_per_optimizer_step():
     update_params; a gradient infinite at every scale (sqrt at 0). The wrapper is the tools' own
     with the GPU's fp16 loss scaling on a CPU GradScaler; the runner is a stand-in holding what
     the hook reads."""
-    from types import SimpleNamespace
-
-    from mmengine.logging import MessageHub, MMLogger
+    from mmengine.logging import MessageHub
 
     from srvit_backbones.faults import Diverged
-    from srvit_backbones.openmmlab.hooks import DivergenceCheckHook
 
     weights = torch.nn.Parameter(torch.zeros(4))
     with warnings.catch_warnings():  # fp16 emulated on this CPU: said, and what is tested here
@@ -633,9 +691,9 @@ def test_the_quickstart_seed_gives_the_same_weights(seg_root):
 
 def test_the_device_amp_optim_wrapper_takes_mmengines_arguments():
     """mmengine's ``loss_scale`` meanings (a number: a fixed scale, which a skipped step leaves as it
-    is, and which DivergenceCheckHook is told of; a dict: GradScaler's arguments; anything else an
-    error) and ``dtype`` as a name or a torch dtype; a device other than CUDA and the CPU is
-    refused naming mmengine's own wrapper."""
+    is, and which DivergenceCheckHook warns of when training starts; a dict: GradScaler's
+    arguments; anything else an error) and ``dtype`` as a name or a torch dtype; an NPU, MLU or
+    MUSA device is refused naming mmengine's own wrapper, another device (MPS) naming fp32."""
     weights = torch.nn.Parameter(torch.zeros(4))
     build = functools.partial(DeviceAmpOptimWrapper, optimizer=torch.optim.SGD([weights], lr=0.1), device_type="cpu")
     fixed = build(loss_scale=512, dtype=torch.bfloat16)
@@ -646,9 +704,70 @@ def test_the_device_amp_optim_wrapper_takes_mmengines_arguments():
     assert configured.loss_scaler.state_dict()["growth_interval"] == 7 and configured._scale_update_param is None
     with pytest.raises(TypeError, match="loss_scale takes 'dynamic', a number .* got 'static'"):
         build(loss_scale="static", dtype="bfloat16")
-    with pytest.raises(ValueError, match=r"runs on 'cuda' and 'cpu' devices, this run's is 'mps'.*"
+    with pytest.raises(ValueError, match=r"runs on 'cuda' and 'cpu' devices, this run's is 'npu'.*"
                                          r"optim_wrapper.type='mmengine.AmpOptimWrapper'"):
+        build(dtype="bfloat16", device_type="npu")
+    with pytest.raises(ValueError, match=r"not on this run's 'mps' device: train in fp32 \(--cfg-options "
+                                         r"optim_wrapper.type=OptimWrapper\)"):
         build(dtype="bfloat16", device_type="mps")
+    runner = SimpleNamespace(optim_wrapper=fixed, logger=MMLogger.get_instance("fixed_loss_scale"))
+    with logged_warnings(runner.logger) as warned:
+        DivergenceCheckHook().before_train(runner)
+    assert [record.getMessage().split(":")[0] for record in warned] == [
+        "optim_wrapper.loss_scale=512.0 is a fixed loss scale"]
+
+
+def test_an_fsdp_run_keeps_its_sharded_grad_scaler():
+    """mmengine's FSDPStrategy gives the optim wrapper ``use_fsdp=True`` (torch's ShardedGradScaler,
+    whose ranks agree on skipping a step) only where it is named AmpOptimWrapper: the run's
+    config, as prepare_training renames it, sets it where the model is sharded (the strategy by
+    name, scoped name or class; a Runner's MMFullyShardedDataParallel) unless the config says,
+    and nowhere else; the wrapper builds torch's ShardedGradScaler with it, on the CPU too."""
+    from mmengine._strategy import FSDPStrategy
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from srvit_backbones.openmmlab.tools import prepare_training
+
+    def prepared(**run):
+        cfg = Config(dict(launcher="none", optim_wrapper=dict(type="AmpOptimWrapper", device_type="cuda"), **run))
+        prepare_training(cfg)
+        assert cfg.optim_wrapper.type == "DeviceAmpOptimWrapper"
+        return cfg.optim_wrapper.get("use_fsdp")
+
+    for sharded in (dict(strategy=dict(type="FSDPStrategy")), dict(strategy=dict(type="mmengine.FSDPStrategy")),
+                    dict(strategy=dict(type=FSDPStrategy)),
+                    dict(model_wrapper_cfg=dict(type="MMFullyShardedDataParallel"))):
+        assert prepared(**sharded) is True, sharded
+    for plain in ({}, dict(strategy=dict(type="DDPStrategy")),
+                  dict(model_wrapper_cfg=dict(type="MMDistributedDataParallel"))):
+        assert prepared(**plain) is None, plain
+    cfg = Config(dict(launcher="none", strategy=dict(type="FSDPStrategy"),
+                      optim_wrapper=dict(type="AmpOptimWrapper", device_type="cuda", use_fsdp=False)))
+    prepare_training(cfg)
+    assert cfg.optim_wrapper.use_fsdp is False  # the config's own
+    wrapper = DeviceAmpOptimWrapper(optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(4))], lr=0.1),
+                                    dtype="bfloat16", use_fsdp=True, device_type="cpu")
+    assert type(wrapper.loss_scaler) is ShardedGradScaler and wrapper.loss_scaler._device == "cpu"
+
+
+def test_fp32_on_a_mixed_precision_config_drops_its_amp_keys_saying_so(seg_root, tmp_path, monkeypatch):
+    """The fp32 fix the messages name, ``--cfg-options optim_wrapper.type=OptimWrapper`` (which
+    cannot delete keys), on a config whose AmpOptimWrapper has a dtype and a loss scale:
+    tools/train_seg.py's Runner builds mmengine's OptimWrapper, the keys it drops named in a
+    logged warning (mmengine's fails: "unexpected keyword argument 'loss_scale'")."""
+    config = tmp_path / "upernet_fp16.py"
+    config.write_text(f"_base_ = {QUICKSTART!r}\n"
+                      "optim_wrapper = dict(type='AmpOptimWrapper', dtype='float16', "
+                      "loss_scale=dict(init_scale=1e3))\n")
+    monkeypatch.chdir(seg_root)
+    with logged_warnings() as warned:
+        runner = load_tool("train_seg").build_runner([str(config), "--work-dir", str(tmp_path / "work"),
+                                                      "--cfg-options", *SMALL, *CROP_64,
+                                                      "optim_wrapper.type=OptimWrapper"])
+    assert type(runner.build_optim_wrapper(runner.optim_wrapper)) is OptimWrapper  # as train() builds it
+    assert [record.getMessage() for record in warned if "optim_wrapper" in record.getMessage()] == [
+        "optim_wrapper.type='OptimWrapper' trains in fp32: the mixed-precision keys optim_wrapper.loss_scale, "
+        "optim_wrapper.dtype are dropped"]
 
 
 def test_amp_is_one_rule_for_both_openmmlab_tools(tmp_path, monkeypatch):
@@ -657,8 +776,11 @@ def test_amp_is_one_rule_for_both_openmmlab_tools(tmp_path, monkeypatch):
     CUDA, bf16 on a CPU with native bf16. On a CPU without it (``srvit_backbones.amp``'s rule)
     ``--amp``, and a config that trains with AmpOptimWrapper without a dtype (the mmdet
     flagship's), are refused before anything is built, each naming the fixes, by train_seg and
-    train_det alike (one ``apply_amp``); a dtype named runs there. On an NPU (MLU, MUSA)
-    AmpOptimWrapper stays mmengine's own."""
+    train_det alike (one ``apply_amp``), in the terms of what asked for it (the flagship's own
+    AmpOptimWrapper with ``--amp``: the config's message, and ``--amp`` dropped too); a dtype named
+    runs there. On an NPU (MLU, MUSA) AmpOptimWrapper stays mmengine's own; on another device
+    (MPS), which neither wrapper runs on, it is refused naming the fix."""
+    from srvit_backbones.openmmlab import tools
     from srvit_backbones.openmmlab.tools import apply_amp, prepare_training
 
     monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: False)
@@ -670,10 +792,20 @@ def test_amp_is_one_rule_for_both_openmmlab_tools(tmp_path, monkeypatch):
     cfg.launcher = "none"
     prepare_training(cfg)
     assert cfg.optim_wrapper.type == "DeviceAmpOptimWrapper"
-    npu = Config(dict(launcher="none", optim_wrapper=dict(type="AmpOptimWrapper", device_type="npu")))
-    apply_amp(npu, requested=True)
-    prepare_training(npu)
-    assert npu.optim_wrapper.type == "AmpOptimWrapper"  # mmengine's own runs there
+    with monkeypatch.context() as device:  # the run's device, as the tools ask mmengine for it
+        device.setattr(tools, "get_device", lambda: "npu")
+        npu = Config(dict(launcher="none", optim_wrapper=dict(type="AmpOptimWrapper")))
+        apply_amp(npu, requested=True)
+        prepare_training(npu)
+        assert npu.optim_wrapper.type == "AmpOptimWrapper"  # mmengine's own runs there
+        device.setattr(tools, "get_device", lambda: "mps")  # neither runs there: mmengine's would fail an assert
+        for config_type, requested, fix in (("AmpOptimWrapper", False, r"train in fp32 \(--cfg-options "
+                                                                        r"optim_wrapper.type=OptimWrapper\)$"),
+                                            ("OptimWrapper", True, "drop --amp to train in fp32$")):
+            mps = Config(dict(launcher="none", optim_wrapper=dict(type=config_type)))
+            with pytest.raises(SystemExit, match=r"mixed precision .*CUDA and the CPU.* not on this run's 'mps' "
+                                                 r"device: " + fix):
+                apply_amp(mps, requested)
     for tool, config in (("train_seg", QUICKSTART), ("train_det", "quickstart/mask_rcnn_srvit_tiny_cpu.py")):
         common = [config, "--work-dir", str(tmp_path / "w")]
         with pytest.raises(SystemExit, match=r"--amp on the CPU runs bf16, but this CPU has no native bf16.*drop "
@@ -682,6 +814,12 @@ def test_amp_is_one_rule_for_both_openmmlab_tools(tmp_path, monkeypatch):
         with pytest.raises(SystemExit, match=r"AmpOptimWrapper' without a dtype .* no native bf16.*--cfg-options "
                                              r"optim_wrapper.type=OptimWrapper.*--cfg-options optim_wrapper.dtype"):
             load_tool(tool).main([*common, "--cfg-options", "optim_wrapper.type=AmpOptimWrapper"])
+    with pytest.raises(SystemExit) as flagship:  # its own AmpOptimWrapper: the config's message, with --amp's part
+        load_tool("train_det").main(["mask_rcnn_srvit_s_t3_lsj.py", "--work-dir", str(tmp_path / "w"), "--amp",
+                                     "--cfg-options", "optim_wrapper.device_type=cpu"])
+    assert re.fullmatch(r"optim_wrapper.type='AmpOptimWrapper' without a dtype .* no native bf16.*train in fp32 "
+                        r"\(--cfg-options optim_wrapper.type=OptimWrapper\).*optim_wrapper.dtype=float16\) \(for fp32 "
+                        r"drop --amp too: it makes an OptimWrapper AmpOptimWrapper\)", str(flagship.value))
     cfg = Config.fromfile(QUICKSTART)
     cfg.optim_wrapper.dtype = "float16"
     apply_amp(cfg, requested=True)  # named: the GPU's fp16 path, on this CPU too
@@ -710,6 +848,19 @@ def test_amp_on_a_cpu_trains_in_bf16(seg_root, tmp_path, monkeypatch):
     assert (wrapper.device_type, wrapper.cast_dtype) == ("cpu", torch.bfloat16)
     assert logits == [torch.bfloat16] and runner.iter == 1
     assert wrapper.loss_scaler.get_scale() == 2.0 ** 16 and wrapper.loss_scaler._get_growth_tracker() == 1
+
+
+def test_the_segmentor_benchmark_asks_the_cpu_when_it_runs(monkeypatch):
+    """The benchmark's segmentor step (tools/gpu_check.py's (b)) asks ``amp.cpu_has_native_bf16``
+    when it runs, not when it was first imported: a test that patches the function (as the GPU
+    check's tests do) gets its branch whatever ran before it. bf16 where the CPU has it, fp32
+    where it does not."""
+    from srvit_backbones.mmseg.benchmark import segmentor_step
+
+    for native, wrapper_type in ((True, DeviceAmpOptimWrapper), (False, OptimWrapper)):
+        monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: native)
+        _, wrapper = segmentor_step("quickstart/upernet_srvit_tiny_cpu.py", 32, 1, "cpu")
+        assert type(wrapper) is wrapper_type
 
 
 def test_mmengines_whole_model_compile_is_refused_naming_the_backbones_switch(tmp_path):

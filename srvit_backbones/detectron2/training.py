@@ -42,14 +42,15 @@ def build_optimizer(cfg, model):
     return instantiate(cfg.optimizer)
 
 
-def amp_dtype(cfg):
-    """The autocast dtype of ``cfg.train.amp`` on ``cfg.train.device``, None without
-    ``train.amp.enabled`` (fp32; the switch: a ``train.amp.precision`` waits for it).
-    ``srvit_backbones.amp.resolve_precision`` decides:
-    ``train.amp.enabled=True`` alone is ``--amp auto`` (fp16 on CUDA, as detectron2's
-    AMPTrainer; bf16 on a CPU with native bf16), ``train.amp.precision`` ('fp16' / 'bf16')
-    names the dtype (on a CPU without it natively: slower than fp32, with a warning). A
-    ValueError naming the fix, in the config's keys, where there is none."""
+def autocast_dtype(cfg):
+    """The autocast dtype the trainer runs ``cfg.train.amp`` in on ``cfg.train.device``
+    (``srvit_backbones.amp.resolve_precision`` decides), or None for fp32 (without
+    ``train.amp.enabled``). ``train.amp.enabled=True`` alone is ``--amp auto``: fp16 on CUDA, as
+    detectron2's AMPTrainer, bf16 on a CPU with native bf16. ``train.amp.precision`` ('fp16' /
+    'bf16') names the dtype (on a CPU without it natively it runs, slower than fp32, with a
+    warning); it is checked whether or not ``train.amp.enabled`` is set, so a typo is an error
+    either way, but used only when it is. A ValueError naming the fix, in the config's keys, where
+    there is no dtype."""
     precision = cfg.train.amp.get("precision", None)
     if precision is not None and precision not in AMP_PRECISIONS:  # a typo is an error, switched on or not
         raise ValueError(f"train.amp.precision={precision!r} is not one of {AMP_PRECISIONS}: name the autocast dtype "
@@ -135,8 +136,8 @@ class DeviceAMPTrainer(AMPTrainer):
 
 def build_trainer(cfg, model, data_loader, optimizer):
     """The trainer tools/train_net.py runs: with ``train.amp.enabled``, ``DeviceAMPTrainer`` on
-    ``train.device``'s type in ``amp_dtype(cfg)``; else detectron2's ``SimpleTrainer``."""
-    dtype = amp_dtype(cfg)
+    ``train.device``'s type in ``autocast_dtype(cfg)``; else detectron2's ``SimpleTrainer``."""
+    dtype = autocast_dtype(cfg)
     if dtype is None:
         return SimpleTrainer(model, data_loader, optimizer)
     return DeviceAMPTrainer(model, data_loader, optimizer, precision=dtype,

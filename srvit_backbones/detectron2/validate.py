@@ -3,7 +3,7 @@ handle silently (a square pad smaller than the images crops them)."""
 import torch
 
 from .custom_data import check_num_classes
-from .training import amp_dtype
+from .training import autocast_dtype
 
 
 def _max_image_side(augmentations):
@@ -41,7 +41,7 @@ def validate_config(cfg):
         raise ValueError("train.device is 'cuda' but no GPU is available: pass train.device=cpu to run on the CPU "
                          "(where train.amp.enabled=True trains bf16 if the CPU has it natively; else add "
                          "train.amp.enabled=False)")
-    amp_dtype(cfg)  # train.amp on this device: the trainer's dtype, or the error naming the fix
+    autocast_dtype(cfg)  # train.amp on this device: the trainer's dtype, or the error naming the fix
     validate_lvis_data(cfg)  # first: an LVIS config on a COCO file also has other classes
     check_num_classes(cfg)
     return cfg

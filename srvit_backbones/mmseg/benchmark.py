@@ -9,7 +9,7 @@ from mmengine.structures import PixelData
 from mmseg.registry import MODELS
 from mmseg.structures import SegDataSample
 
-from ..amp import cpu_has_native_bf16
+from .. import amp
 from ..benchmark.timing import Timer
 from ..config_files import resolve_config
 from ..openmmlab.optim_wrapper import DeviceAmpOptimWrapper  # noqa: F401  (registers it)
@@ -42,7 +42,7 @@ def segmentor_step(config, size, images, device):
     cfg.model.backbone.img_size = (size, size)
     cfg.model.backbone.pop("init_cfg", None)
     device_type = torch.device(device).type
-    if device_type == "cuda" or cpu_has_native_bf16():
+    if device_type == "cuda" or amp.cpu_has_native_bf16():
         cfg.optim_wrapper.update(type="DeviceAmpOptimWrapper", device_type=device_type)
     else:
         cfg.optim_wrapper.type = "OptimWrapper"

@@ -77,8 +77,9 @@ class SRViTCheckpointHook(CheckpointHook):
     - the best checkpoint (``save_best``): mmengine removes the previous best file before it
       writes the new one, so a write that fails leaves none; here the new one is written first,
       then the periodic checkpoint that records it, and only then is the previous one removed; a
-      write that fails puts the best score and file back in the hook and the message hub, so
-      they (and every checkpoint saved) name a complete file;
+      write that fails stops the run with its error, the new best files removed and the best
+      score and file put back in the hook and the message hub, which name the previous best,
+      complete (``_save_best_checkpoint``);
     - the published model (``published_keys``) is written as the checkpoints are (mmengine
       writes it in place).
 
@@ -96,6 +97,11 @@ class SRViTCheckpointHook(CheckpointHook):
                          **kwargs)
 
     def _save_checkpoint_with_step(self, runner, step, meta):
+        self._point_to_last_checkpoint(runner, self._write_checkpoint(runner, step, meta))
+
+    def _write_checkpoint(self, runner, step, meta):
+        """The periodic checkpoint of ``step``, written whole after mmengine's bookkeeping (which
+        it saves); the paths of the checkpoints it outdates (``_keep``)."""
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
         refuse_non_finite_weights(model.state_dict(), meta.get("iter", runner.iter), runner.message_hub.get_info(
             "last_ckpt"), "--resume", divergence_fixes(runner))
@@ -106,6 +112,11 @@ class SRViTCheckpointHook(CheckpointHook):
         runner.save_checkpoint(self.out_dir, ckpt_filename, self.file_client_args, save_optimizer=self.save_optimizer,
                                save_param_scheduler=self.save_param_scheduler, meta=meta, by_epoch=self.by_epoch,
                                backend_args=self.backend_args, **self.args)
+        return outdated
+
+    def _point_to_last_checkpoint(self, runner, outdated) -> None:
+        """``last_checkpoint`` made to name the checkpoint just written, then the ``outdated`` ones
+        removed."""
         if not is_main_process():  # model-parallel saving gathers on every rank; one writes the files
             return
         atomic_write_text(os.path.join(runner.work_dir, "last_checkpoint"), self.last_ckpt)
@@ -138,8 +149,19 @@ class SRViTCheckpointHook(CheckpointHook):
 
     def _save_best_checkpoint(self, runner, metrics) -> None:
         """mmengine 0.10's, reordered: the new best checkpoints written first, then the periodic
-        one that records them (mmengine writes it last too), then the previous best ones removed;
-        a failed write restores the best scores and paths (``_set_best``) before it is raised."""
+        one that records them (mmengine writes it last too), then the previous best ones removed.
+
+        A write that fails (a full disk) raises its error, which stops the run; every checkpoint
+        file then on disk is complete and names complete best files, as ``last_checkpoint`` names
+        a complete checkpoint. Where a new best file or the periodic checkpoint that records it
+        fails, the new best files this call wrote are removed, and the hook's and the message hub's
+        best scores and paths are as before the call (``_set_best``), naming the previous best
+        files, still there (one saved again at its own step, under its own name, was replaced
+        whole). What the failed periodic save had already recorded, the hook's ``last_ckpt`` and
+        the message hub's ``last_ckpt`` and ``keep_ckpt_ids`` (mmengine's bookkeeping, before the
+        write), is not put back: the run stops, so no checkpoint saves it. Where that checkpoint is
+        complete and only ``last_checkpoint`` fails, the new best files stay (it, the hook and the
+        message hub name them), and so do the previous ones (not yet removed)."""
         if not self.save_best:
             return
         step, unit = (runner.epoch, "epoch") if self.by_epoch else (runner.iter, "iter")
@@ -155,23 +177,32 @@ class SRViTCheckpointHook(CheckpointHook):
                 previous[key_indicator] = (runner.message_hub.get_info(score_key), self._best_path(key_indicator))
         if not previous:
             return
+        written, outdated = [], None  # the new best files, complete; the checkpoints the periodic one outdates
         try:
             for key_indicator in previous:
                 score = metrics[key_indicator]
                 name = f"best_{key_indicator}_{ckpt_filename}".replace("/", "_")
+                path = self.file_backend.join_path(self.out_dir, name)
                 # named before it is saved, as mmengine: the file's own message hub names it
-                self._set_best(runner, key_indicator, score, self.file_backend.join_path(self.out_dir, name))
+                self._set_best(runner, key_indicator, score, path)
                 runner.save_checkpoint(self.out_dir, filename=name, file_client_args=self.file_client_args,
                                        save_optimizer=False, save_param_scheduler=False, meta=meta, by_epoch=False,
                                        backend_args=self.backend_args)
+                written.append(path)
                 runner.logger.info(f"The best checkpoint with {score:0.4f} {key_indicator} at {step} {unit} is "
                                    f"saved to {name}.")
             if self.last_ckpt is not None:  # saved again to record the new best in its message hub
-                self._save_checkpoint_with_step(runner, step, meta)
+                outdated = self._write_checkpoint(runner, step, meta)
         except BaseException:
             for key_indicator, (score, path) in previous.items():
                 self._set_best(runner, key_indicator, score, path)
+            kept = {path for _, path in previous.values()}  # a best saved again at its own step replaced itself
+            if is_main_process():
+                for path in [path for path in written if path not in kept]:
+                    self._remove(path)
             raise
+        if outdated is not None:  # the new best recorded in a complete checkpoint: kept whatever follows
+            self._point_to_last_checkpoint(runner, outdated)
         for key_indicator, (_, path) in previous.items():
             if path and path != self._best_path(key_indicator) and is_main_process() and self._remove(path):
                 runner.logger.info(f"The previous best checkpoint {path} is removed")

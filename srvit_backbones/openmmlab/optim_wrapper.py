@@ -15,8 +15,16 @@ from mmengine.registry import OPTIM_WRAPPERS
 
 from .. import amp
 
+#: the devices mmengine's own ``AmpOptimWrapper`` runs on and ours does not (it also runs on CUDA)
+MMENGINE_AMP_DEVICES = ("npu", "mlu", "musa")
 #: an ``AmpOptimWrapper`` ``dtype`` (mmengine's names; torch dtypes too) as ``srvit_backbones.amp``'s ``--amp`` value
 PRECISION_OF_DTYPE = {None: "auto", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def device_kind(device: Union[str, torch.device]) -> str:
+    """The type of ``device`` ('cuda:1' -> 'cuda'), also of a device torch knows only with its
+    plugin installed ('npu' needs torch_npu for ``torch.device``)."""
+    return str(device).split(":")[0]
 
 
 def amp_optim_dtype(device_type: str, dtype: Union[None, str, torch.dtype]) -> torch.dtype:
@@ -27,10 +35,14 @@ def amp_optim_dtype(device_type: str, dtype: Union[None, str, torch.dtype]) -> t
     if name not in PRECISION_OF_DTYPE:
         raise ValueError(f"optim_wrapper.dtype={name!r}: mixed precision runs 'float16' or 'bfloat16' (None: fp16 on "
                          f"CUDA, bf16 on a CPU with native bf16); to train in fp32 set optim_wrapper.type=OptimWrapper")
-    kind = torch.device(device_type).type
-    if kind not in ("cuda", "cpu"):
+    kind = device_kind(device_type)
+    if kind in MMENGINE_AMP_DEVICES:
         raise ValueError(f"DeviceAmpOptimWrapper runs on 'cuda' and 'cpu' devices, this run's is {kind!r}: name "
                          f"mmengine's own for it, optim_wrapper.type='mmengine.AmpOptimWrapper'")
+    if kind not in ("cuda", "cpu"):
+        raise ValueError(f"mixed precision (AmpOptimWrapper) runs on CUDA and the CPU, and by mmengine's own on "
+                         f"{', '.join(MMENGINE_AMP_DEVICES)}, not on this run's {kind!r} device: train in fp32 "
+                         f"(--cfg-options optim_wrapper.type=OptimWrapper)")
     if kind == "cpu" and name is None and not amp.cpu_has_native_bf16():
         raise ValueError("optim_wrapper.type='AmpOptimWrapper' without a dtype (as --amp) runs bf16 on the CPU, but "
                          "this CPU has no native bf16 (AVX512-BF16 or AMX), and emulated bf16 is slower than fp32: "
@@ -63,7 +75,7 @@ class DeviceAmpOptimWrapper(AmpOptimWrapper):
     def __init__(self, loss_scale: Union[str, float, dict] = "dynamic", dtype: Union[None, str, torch.dtype] = None,
                  use_fsdp: bool = False, device_type: Optional[str] = None, **kwargs):
         OptimWrapper.__init__(self, **kwargs)  # not AmpOptimWrapper's: it asserts a GPU
-        self.device_type = torch.device(device_type or get_device()).type
+        self.device_type = device_kind(device_type or get_device())
         self.cast_dtype = amp_optim_dtype(self.device_type, dtype)
         if use_fsdp:
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as scaler_type

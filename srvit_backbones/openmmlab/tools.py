@@ -2,6 +2,7 @@
 the command line applied (as mmseg's and mmdet's own tools/train.py and tools/test.py do), a
 check of the dataset's files before the Runner is built, and a training run's fault handling
 (the fault hooks, the collective timeout, ``--launcher pytorch`` on a machine without a GPU)."""
+import logging
 import os
 import os.path as osp
 import warnings
@@ -11,48 +12,63 @@ import torch
 import torch.distributed as dist
 from mmengine.config import Config
 from mmengine.device import get_device
+from mmengine.logging import print_log
+from mmengine.optim import OptimWrapper
 
 from ..config_files import resolve_config
 from ..faults import COLLECTIVE_TIMEOUT_S, collective_timeout
-from .optim_wrapper import amp_optim_dtype
+from .optim_wrapper import MMENGINE_AMP_DEVICES, amp_optim_dtype, device_kind
 
 #: the ``optim_wrapper.type`` of mixed precision: mmengine's, and ours that ``prepare_training`` makes of it
 AMP_OPTIM_WRAPPERS = ("AmpOptimWrapper", "DeviceAmpOptimWrapper")
+#: an ``optim_wrapper.type`` of mmengine's plain ``OptimWrapper`` (fp32), by name or class
+FP32_OPTIM_WRAPPERS = ("OptimWrapper", "mmengine.OptimWrapper", OptimWrapper)
+#: the arguments only mixed precision takes (mmengine's ``AmpOptimWrapper``'s and ``DeviceAmpOptimWrapper``'s)
+AMP_ONLY_KEYS = ("loss_scale", "dtype", "use_fsdp", "device_type")
 
 
 def apply_amp(cfg: Config, requested: bool) -> None:
     """``--amp``: train with ``AmpOptimWrapper`` and a dynamic loss scale, as mmseg's and mmdet's
     own tools/train.py do (``prepare_training`` makes it ``DeviceAmpOptimWrapper``: fp16 on CUDA,
-    bf16 on a CPU with native bf16). On a CPU without native bf16 ``--amp``, and a config that
-    trains with ``AmpOptimWrapper`` without a dtype, are refused here, before anything is built,
-    each naming the fix (``srvit_backbones.amp``'s rule: never a silent fp32 run, nor emulated
-    bf16, which is slower than fp32)."""
-    if requested and cfg.optim_wrapper.type not in AMP_OPTIM_WRAPPERS:
+    bf16 on a CPU with native bf16). Mixed precision that cannot run on this device, ``--amp`` or
+    the config's ``AmpOptimWrapper`` (a CPU without native bf16 and no dtype named, a device other
+    than CUDA, the CPU, NPU, MLU or MUSA), is refused here, before anything is built, naming the
+    fix in the terms of what asked for it (``srvit_backbones.amp``'s rule: never a silent fp32
+    run, nor emulated bf16, which is slower than fp32)."""
+    switched = requested and cfg.optim_wrapper.type not in AMP_OPTIM_WRAPPERS  # --amp made it AmpOptimWrapper
+    if switched:
         cfg.optim_wrapper.type = "AmpOptimWrapper"
         cfg.optim_wrapper.loss_scale = "dynamic"
     if cfg.optim_wrapper.type not in AMP_OPTIM_WRAPPERS or not runs_device_amp(cfg.optim_wrapper):
         return
-    device_type = cfg.optim_wrapper.get("device_type") or get_device()
+    device_type = device_kind(cfg.optim_wrapper.get("device_type") or get_device())
     try:
         with warnings.catch_warnings():  # an emulated dtype: the wrapper warns when it is built
             warnings.simplefilter("ignore")
             amp_optim_dtype(device_type, cfg.optim_wrapper.get("dtype"))
     except ValueError as e:
-        if not (requested and cfg.optim_wrapper.get("dtype") is None and torch.device(device_type).type == "cpu"):
-            raise SystemExit(str(e)) from None
-        raise SystemExit("--amp on the CPU runs bf16, but this CPU has no native bf16 (AVX512-BF16 or AMX), and "
-                         "emulated bf16 is slower than fp32: drop --amp to train in fp32, or name the dtype, "
-                         "--cfg-options optim_wrapper.dtype=float16, to run the GPU's fp16 path here (loss scaling "
-                         "and skipped steps; slower than fp32)") from None
+        message = str(e)
+        if switched and device_type not in ("cuda", "cpu"):
+            message = (f"--amp trains mixed precision on CUDA and the CPU (and, by mmengine's own AmpOptimWrapper, on "
+                       f"NPU, MLU and MUSA), not on this run's {device_type!r} device: drop --amp to train in fp32")
+        elif switched and device_type == "cpu" and cfg.optim_wrapper.get("dtype") is None:
+            message = ("--amp on the CPU runs bf16, but this CPU has no native bf16 (AVX512-BF16 or AMX), and "
+                       "emulated bf16 is slower than fp32: drop --amp to train in fp32, or name the dtype, "
+                       "--cfg-options optim_wrapper.dtype=float16, to run the GPU's fp16 path here (loss scaling "
+                       "and skipped steps; slower than fp32)")
+        elif requested:  # the config's own message, and --amp would make an OptimWrapper AmpOptimWrapper again
+            message += " (for fp32 drop --amp too: it makes an OptimWrapper AmpOptimWrapper)"
+        raise SystemExit(message) from None
 
 
 def runs_device_amp(optim_wrapper) -> bool:
-    """Whether an ``optim_wrapper`` config runs ``DeviceAmpOptimWrapper``: on CUDA and the CPU
-    (its ``device_type``, else the run's device); an ``AmpOptimWrapper`` on an NPU, MLU or MUSA
-    device stays mmengine's own, which runs there."""
+    """Whether an ``optim_wrapper`` config runs ``DeviceAmpOptimWrapper``: everywhere but on an
+    NPU, MLU or MUSA device (its ``device_type``, else the run's), where an ``AmpOptimWrapper``
+    stays mmengine's own, which runs there. On a device that neither runs (MPS...)
+    ``DeviceAmpOptimWrapper`` refuses it naming the fix, where mmengine's fails an assert."""
     if optim_wrapper.get("type") == "DeviceAmpOptimWrapper":
         return True
-    return str(optim_wrapper.get("device_type") or get_device()).split(":")[0] in ("cuda", "cpu")
+    return device_kind(optim_wrapper.get("device_type") or get_device()) not in MMENGINE_AMP_DEVICES
 
 
 def check_compile(cfg: Config) -> None:
@@ -95,17 +111,14 @@ def prepare_training(cfg: Config) -> None:
     """A run's config (``SRViTRunner`` applies it to training and test runs alike) made to
     survive faults, its mixed precision run on the run's device, and its process group started
     where mmengine cannot: the checkpoint hook made ``SRViTCheckpointHook`` (written whole or not
-    at all), ``AmpOptimWrapper`` made ``DeviceAmpOptimWrapper`` (mmengine's on CUDA, and on a
-    CPU by the package's mixed-precision rule: ``optim_wrapper``), ``DivergenceCheckHook`` added
-    where a config (a user's own) lacks it, the
-    collective timeout ``faults.COLLECTIVE_TIMEOUT_S`` where ``env_cfg.dist_cfg`` sets none, and
+    at all), ``AmpOptimWrapper`` made ``DeviceAmpOptimWrapper`` (``prepare_optim_wrapper``),
+    ``DivergenceCheckHook`` added where a config (a user's own) lacks it, the collective timeout
+    ``faults.COLLECTIVE_TIMEOUT_S`` where ``env_cfg.dist_cfg`` sets none, and
     ``init_cpu_distributed``."""
     checkpoint = (cfg.get("default_hooks") or {}).get("checkpoint")
     if checkpoint and checkpoint.get("type") == "CheckpointHook":
         checkpoint["type"] = "SRViTCheckpointHook"
-    optim_wrapper = cfg.get("optim_wrapper")
-    if optim_wrapper and optim_wrapper.get("type") == "AmpOptimWrapper" and runs_device_amp(optim_wrapper):
-        optim_wrapper["type"] = "DeviceAmpOptimWrapper"
+    prepare_optim_wrapper(cfg)
     hooks = list(cfg.get("custom_hooks") or [])  # mmengine also takes None or a tuple
     if not any(hook.get("type") == "DivergenceCheckHook" for hook in hooks):
         hooks.append(dict(type="DivergenceCheckHook"))
@@ -113,6 +126,57 @@ def prepare_training(cfg: Config) -> None:
     if cfg.get("env_cfg") is not None:
         cfg.env_cfg.setdefault("dist_cfg", dict(backend="nccl")).setdefault("timeout", COLLECTIVE_TIMEOUT_S)
     init_cpu_distributed(cfg)
+
+
+def prepare_optim_wrapper(cfg: Config) -> None:
+    """``AmpOptimWrapper`` made ``DeviceAmpOptimWrapper`` where that runs (``runs_device_amp``:
+    mmengine's on CUDA, and on a CPU by the package's mixed-precision rule), with ``use_fsdp=True``
+    (a ``ShardedGradScaler``, whose ranks agree on a skipped step) where the model is sharded
+    (``shards_with_fsdp``), unless the config sets it: mmengine's ``FSDPStrategy`` sets it only on
+    a wrapper named ``AmpOptimWrapper``, and its ``Runner`` with ``MMFullyShardedDataParallel``
+    not at all (its ranks could disagree on skipping a step). mmengine's plain ``OptimWrapper`` (fp32, the fix the
+    messages name: ``--cfg-options optim_wrapper.type=OptimWrapper``, which cannot delete keys)
+    drops the keys only mixed precision takes, with a warning naming them, where it would fail on
+    them (``unexpected keyword argument``)."""
+    optim_wrapper = cfg.get("optim_wrapper")
+    if not optim_wrapper:
+        return
+    if optim_wrapper.get("type") == "AmpOptimWrapper" and runs_device_amp(optim_wrapper):
+        optim_wrapper["type"] = "DeviceAmpOptimWrapper"
+    if optim_wrapper.get("type") == "DeviceAmpOptimWrapper" and shards_with_fsdp(cfg):
+        optim_wrapper.setdefault("use_fsdp", True)
+    if optim_wrapper.get("type") in FP32_OPTIM_WRAPPERS:
+        dropped = [key for key in AMP_ONLY_KEYS if key in optim_wrapper]
+        for key in dropped:
+            optim_wrapper.pop(key)
+        if dropped:
+            print_log(f"optim_wrapper.type={optim_wrapper['type']!r} trains in fp32: the mixed-precision keys "
+                      f"{', '.join(f'optim_wrapper.{key}' for key in dropped)} are dropped", logger="current",
+                      level=logging.WARNING)
+
+
+def shards_with_fsdp(cfg: Config) -> bool:
+    """Whether the run shards its model with FSDP: a ``FlexibleRunner``'s ``strategy`` that is
+    mmengine's ``FSDPStrategy`` (by name, class or object; a subclass too), or a ``Runner``'s
+    ``model_wrapper_cfg`` that is torch's ``FullyShardedDataParallel`` (mmengine's
+    ``MMFullyShardedDataParallel``)."""
+    strategy, wrapper = cfg.get("strategy"), cfg.get("model_wrapper_cfg")
+    if not strategy and not wrapper:
+        return False
+    from mmengine._strategy import FSDPStrategy
+    from mmengine.registry import MODEL_WRAPPERS, STRATEGIES
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(strategy, FSDPStrategy) or _names_a_subclass(strategy, STRATEGIES, FSDPStrategy) or \
+        _names_a_subclass(wrapper, MODEL_WRAPPERS, FullyShardedDataParallel)
+
+
+def _names_a_subclass(node, registry, base) -> bool:
+    """Whether a config node, ``dict(type=...)``, names ``base`` or a subclass of it (by its name in
+    ``registry`` or the class)."""
+    kind = node.get("type") if isinstance(node, dict) else None
+    kind = registry.get(kind) if isinstance(kind, str) else kind
+    return isinstance(kind, type) and issubclass(kind, base)
 
 
 def init_cpu_distributed(cfg: Config) -> None:
