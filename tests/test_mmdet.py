@@ -37,6 +37,7 @@ from srvit_backbones.detectron2 import SRViTBackbone as D2Backbone, SRViTCheckpo
 from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.rel_pos import is_rel_pos
 from srvit_backbones.openmmlab.hooks import Fp16CompressionHook
+from srvit_backbones.openmmlab.optim_wrapper import DeviceAmpOptimWrapper
 from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg,
                      assert_mmengine_compiled_training_equals_eager, assert_mmengine_resume_restores,
                      assert_mmengine_run_stops_diverged, file_size_limit, free_port, kill_machine_1_beside_one_machine,
@@ -544,6 +545,36 @@ def test_a_diverged_run_stops_at_once_naming_the_last_checkpoint(coco_root, tmp_
                                                   "default_hooks.checkpoint.interval=1",
                                                   "optim_wrapper.optimizer.lr=1e6"])
     assert_mmengine_run_stops_diverged(runner, work)
+
+
+def test_mixed_precision_on_the_cpu_is_refused_naming_mmcvs_float32_kernels(coco_root, tmp_path, monkeypatch):
+    """mmcv's CPU nms fails on fp16 and bf16 boxes (the premise, checked), so an mmdet run in mixed
+    precision on the CPU, which the rule would run (bf16 on a CPU with native bf16, a dtype named
+    anywhere), is refused before anything is built by tools/train_det.py (``--amp`` or the
+    config's AmpOptimWrapper, each with its fix), and by the optim wrapper itself where mmdet's own
+    tools/train.py (mim train) builds it; an mmseg run's wrapper is built."""
+    from mmcv.ops import nms
+    from mmengine.registry import DefaultScope
+
+    boxes, scores = torch.tensor([[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 11.0, 11.0]]), torch.tensor([0.9, 0.8])
+    for dtype in (torch.float16, torch.bfloat16):
+        with pytest.raises(RuntimeError, match="expected scalar type Float but found"):
+            nms(boxes.to(dtype), scores.to(dtype), 0.5)
+    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: True)  # past the dtype rule on any CPU
+    monkeypatch.chdir(coco_root)
+    refused = r"mixed precision on the CPU cannot train mmdet's models: mmcv's CPU kernels compute float32 only.*nms"
+    common = [QUICKSTART, "--work-dir", str(tmp_path / "w")]
+    with pytest.raises(SystemExit, match=refused + r".*: drop --amp to train in fp32$"):
+        load_tool("train_det").main([*common, "--amp"])
+    with pytest.raises(SystemExit, match=refused + r".*: train in fp32, --cfg-options "
+                                                   r"optim_wrapper.type=OptimWrapper$"):
+        load_tool("train_det").main([*common, "--cfg-options", "optim_wrapper.type=AmpOptimWrapper",
+                                     "optim_wrapper.dtype=float16"])
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    with DefaultScope.overwrite_default_scope("mmdet"), pytest.raises(ValueError, match=refused):
+        DeviceAmpOptimWrapper(optimizer=optimizer, device_type="cpu")
+    with DefaultScope.overwrite_default_scope("mmseg"):
+        assert DeviceAmpOptimWrapper(optimizer=optimizer, device_type="cpu").cast_dtype == torch.bfloat16
 
 
 def test_quickstart_learns(trained):

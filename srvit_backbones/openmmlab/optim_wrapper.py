@@ -5,18 +5,22 @@ one; it is registered in mmengine's root ``OPTIM_WRAPPERS``, which mmseg's and m
 fall back to."""
 from contextlib import contextmanager
 from numbers import Real
-from typing import Optional, Union
+from typing import Dict, Optional, Union
 
 import torch
 import torch.nn as nn
 from mmengine.device import get_device
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
-from mmengine.registry import OPTIM_WRAPPERS
+from mmengine.registry import OPTIM_WRAPPERS, DefaultScope
 
 from .. import amp
 
 #: the devices mmengine's own ``AmpOptimWrapper`` runs on and ours does not (it also runs on CUDA)
 MMENGINE_AMP_DEVICES = ("npu", "mlu", "musa")
+#: Why a framework's models cannot train in mixed precision on a CPU, by its configs'
+#: ``default_scope``: its package says so on import (``srvit_backbones.mmdet``: mmcv's CPU kernels).
+#: ``tools.apply_amp`` and ``tools.prepare_training`` refuse such a run, naming the reason and fp32.
+CPU_MIXED_PRECISION_REFUSED: Dict[str, str] = {}
 #: an ``AmpOptimWrapper`` ``dtype`` (mmengine's names; torch dtypes too) as ``srvit_backbones.amp``'s ``--amp`` value
 PRECISION_OF_DTYPE = {None: "auto", "float16": "fp16", "bfloat16": "bf16"}
 
@@ -25,6 +29,14 @@ def device_kind(device: Union[str, torch.device]) -> str:
     """The type of ``device`` ('cuda:1' -> 'cuda'), also of a device torch knows only with its
     plugin installed ('npu' needs torch_npu for ``torch.device``)."""
     return str(device).split(":")[0]
+
+
+def cpu_mixed_precision_refused(scope: Optional[str], device_type: str) -> Optional[str]:
+    """Why the models of the framework ``scope`` (a config's ``default_scope``) cannot train in
+    mixed precision on ``device_type``, where it is a CPU and the framework's package said so
+    (``CPU_MIXED_PRECISION_REFUSED``); None where they can."""
+    why = CPU_MIXED_PRECISION_REFUSED.get(scope) if device_kind(device_type) == "cpu" else None
+    return f"mixed precision on the CPU cannot train {scope}'s models: {why}" if why else None
 
 
 def amp_optim_dtype(device_type: str, dtype: Union[None, str, torch.dtype]) -> torch.dtype:
@@ -67,6 +79,9 @@ class DeviceAmpOptimWrapper(AmpOptimWrapper):
     state (``state_dict()['loss_scaler']``) has mmengine's keys and a checkpoint moves between the
     two classes both ways.
 
+    A framework whose models cannot train in mixed precision on a CPU (``CPU_MIXED_PRECISION_REFUSED``,
+    by the run's default scope: mmdet) is refused on a CPU, naming why and fp32.
+
     ``__init__`` repeats mmengine 0.10.7's without what ties it to CUDA: its assert of a GPU (NPU,
     MLU or MUSA) and its ``torch.cuda.amp.GradScaler`` (a ``torch.amp.GradScaler`` of the device
     type here); ``optim_context`` enters ``torch.autocast(device_type, dtype)`` instead of
@@ -77,6 +92,10 @@ class DeviceAmpOptimWrapper(AmpOptimWrapper):
         OptimWrapper.__init__(self, **kwargs)  # not AmpOptimWrapper's: it asserts a GPU
         self.device_type = device_kind(device_type or get_device())
         self.cast_dtype = amp_optim_dtype(self.device_type, dtype)
+        scope = DefaultScope.get_current_instance()  # the run's framework, as the Runner set it
+        refused = cpu_mixed_precision_refused(scope and scope.scope_name, self.device_type)
+        if refused:  # mim train's scripts build the wrapper without our tools' check (tools.apply_amp)
+            raise ValueError(f"{refused}: train in fp32, --cfg-options optim_wrapper.type=OptimWrapper")
         if use_fsdp:
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as scaler_type
         else:

@@ -17,7 +17,7 @@ from mmengine.optim import OptimWrapper
 
 from ..config_files import resolve_config
 from ..faults import COLLECTIVE_TIMEOUT_S, collective_timeout
-from .optim_wrapper import MMENGINE_AMP_DEVICES, amp_optim_dtype, device_kind
+from .optim_wrapper import MMENGINE_AMP_DEVICES, amp_optim_dtype, cpu_mixed_precision_refused, device_kind
 
 #: the ``optim_wrapper.type`` of mixed precision: mmengine's, and ours that ``prepare_training`` makes of it
 AMP_OPTIM_WRAPPERS = ("AmpOptimWrapper", "DeviceAmpOptimWrapper")
@@ -59,6 +59,11 @@ def apply_amp(cfg: Config, requested: bool) -> None:
         elif requested:  # the config's own message, and --amp would make an OptimWrapper AmpOptimWrapper again
             message += " (for fp32 drop --amp too: it makes an OptimWrapper AmpOptimWrapper)"
         raise SystemExit(message) from None
+    refused = cpu_mixed_precision_refused(cfg.get("default_scope"), device_type)
+    if refused:
+        raise SystemExit(refused + (": drop --amp to train in fp32" if switched else
+                                    ": train in fp32, --cfg-options optim_wrapper.type=OptimWrapper"
+                                    + (", and drop --amp" if requested else "")))
 
 
 def runs_device_amp(optim_wrapper) -> bool:
