@@ -548,33 +548,40 @@ def test_a_diverged_run_stops_at_once_naming_the_last_checkpoint(coco_root, tmp_
 
 
 def test_mixed_precision_on_the_cpu_is_refused_naming_mmcvs_float32_kernels(coco_root, tmp_path, monkeypatch):
-    """mmcv's CPU nms fails on fp16 and bf16 boxes (the premise, checked), so an mmdet run in mixed
-    precision on the CPU, which the rule would run (bf16 on a CPU with native bf16, a dtype named
-    anywhere), is refused before anything is built by tools/train_det.py (``--amp`` or the
-    config's AmpOptimWrapper, each with its fix), and by the optim wrapper itself where mmdet's own
-    tools/train.py (mim train) builds it; an mmseg run's wrapper is built."""
-    from mmcv.ops import nms
-    from mmengine.registry import DefaultScope
+    """mmcv's CPU nms fails on fp16 and bf16 boxes and its RoIAlign on bf16 (the premise, checked),
+    so a two-stage detector in mixed precision on the CPU, which the rule would run (bf16 on a CPU
+    with native bf16, a dtype named anywhere), is refused before anything is built by
+    tools/train_det.py (``--amp``, the config's AmpOptimWrapper, both: each with its fix), and when
+    a training run of mmdet's own tools/train.py (SRViTRunner) builds the optim wrapper; a
+    detector without an RPN is not refused."""
+    from mmcv.ops import nms, roi_align
+
+    from srvit_backbones.mmdet import proposals_refuse_cpu_mixed_precision
+    from srvit_backbones.openmmlab.runner import SRViTRunner
 
     boxes, scores = torch.tensor([[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 11.0, 11.0]]), torch.tensor([0.9, 0.8])
     for dtype in (torch.float16, torch.bfloat16):
         with pytest.raises(RuntimeError, match="expected scalar type Float but found"):
             nms(boxes.to(dtype), scores.to(dtype), 0.5)
+    with pytest.raises(RuntimeError, match="not implemented for 'BFloat16'"):
+        roi_align(torch.rand(1, 2, 8, 8, dtype=torch.bfloat16), torch.tensor([[0.0, 0, 0, 4, 4]]).bfloat16(), (2, 2))
     monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: True)  # past the dtype rule on any CPU
     monkeypatch.chdir(coco_root)
-    refused = r"mixed precision on the CPU cannot train mmdet's models: mmcv's CPU kernels compute float32 only.*nms"
+    refused = r"^mixed precision on the CPU cannot train this mmdet model: mmcv's CPU kernels compute float32 only.*nms"
     common = [QUICKSTART, "--work-dir", str(tmp_path / "w")]
-    with pytest.raises(SystemExit, match=refused + r".*: drop --amp to train in fp32$"):
-        load_tool("train_det").main([*common, "--amp"])
-    with pytest.raises(SystemExit, match=refused + r".*: train in fp32, --cfg-options "
-                                                   r"optim_wrapper.type=OptimWrapper$"):
-        load_tool("train_det").main([*common, "--cfg-options", "optim_wrapper.type=AmpOptimWrapper",
-                                     "optim_wrapper.dtype=float16"])
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
-    with DefaultScope.overwrite_default_scope("mmdet"), pytest.raises(ValueError, match=refused):
-        DeviceAmpOptimWrapper(optimizer=optimizer, device_type="cpu")
-    with DefaultScope.overwrite_default_scope("mmseg"):
-        assert DeviceAmpOptimWrapper(optimizer=optimizer, device_type="cpu").cast_dtype == torch.bfloat16
+    fp16 = ["optim_wrapper.type=AmpOptimWrapper", "optim_wrapper.dtype=float16"]
+    for argv, fix in ((["--amp"], r": drop --amp to train in fp32$"),
+                      (["--cfg-options", *fp16], r": train in fp32, --cfg-options optim_wrapper.type=OptimWrapper$"),
+                      (["--amp", "--cfg-options", *fp16], r"optim_wrapper.type=OptimWrapper, and drop --amp$")):
+        with pytest.raises(SystemExit, match=refused + ".*" + fix):
+            load_tool("train_det").main([*common, *argv])
+    cfg = Config.fromfile(QUICKSTART)
+    cfg.merge_from_dict(dict(launcher="none", work_dir=str(tmp_path / "mim"), optim_wrapper=dict(
+        type="AmpOptimWrapper", dtype="float16")))
+    runner = SRViTRunner.from_cfg(cfg)  # as mmdet's own tools/train.py builds it, without our tools' check
+    with pytest.raises(ValueError, match=refused + r".*optim_wrapper.type=OptimWrapper.*drop --amp too"):
+        runner.build_optim_wrapper(runner.optim_wrapper)  # what Runner.train() builds first
+    assert proposals_refuse_cpu_mixed_precision(Config(dict(model=dict(type="RetinaNet")))) is None
 
 
 def test_quickstart_learns(trained):
@@ -719,8 +726,8 @@ def test_our_test_det_and_its_errors(coco_root, trained, tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="checkpoint 'missing.pth' does not exist"):
         load_tool("test_det").main([QUICKSTART, "missing.pth"])
     monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: False)  # the flagship's AmpOptimWrapper on such a CPU
-    with pytest.raises(SystemExit, match=r"AmpOptimWrapper' without a dtype .*runs bf16 on the CPU, but this CPU has "
-                                         r"no native bf16.*optim_wrapper.type=OptimWrapper.*optim_wrapper.dtype=float16"):
+    with pytest.raises(SystemExit, match=r"cannot train this mmdet model: mmcv's CPU kernels compute float32 only.*: "
+                                         r"train in fp32, --cfg-options optim_wrapper.type=OptimWrapper$"):
         load_tool("train_det").main([FLAGSHIP, "--work-dir", str(tmp_path / "w"), "--cfg-options",
                                      "optim_wrapper.device_type=cpu"])  # the run's device, passed in
 

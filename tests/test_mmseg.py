@@ -721,7 +721,7 @@ def test_an_fsdp_run_keeps_its_sharded_grad_scaler():
     """mmengine's FSDPStrategy gives the optim wrapper ``use_fsdp=True`` (torch's ShardedGradScaler,
     whose ranks agree on skipping a step) only where it is named AmpOptimWrapper: the run's
     config, as prepare_training renames it, sets it where the model is sharded (the strategy by
-    name, scoped name or class; a Runner's MMFullyShardedDataParallel) unless the config says,
+    name, scoped name, class, subclass or object; a Runner's MMFullyShardedDataParallel) unless the config says,
     and nowhere else; the wrapper builds torch's ShardedGradScaler with it, on the CPU too."""
     from mmengine._strategy import FSDPStrategy
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -734,8 +734,12 @@ def test_an_fsdp_run_keeps_its_sharded_grad_scaler():
         assert cfg.optim_wrapper.type == "DeviceAmpOptimWrapper"
         return cfg.optim_wrapper.get("use_fsdp")
 
+    class OwnFSDPStrategy(FSDPStrategy):  # a config's own subclass, by class
+        pass
+
     for sharded in (dict(strategy=dict(type="FSDPStrategy")), dict(strategy=dict(type="mmengine.FSDPStrategy")),
-                    dict(strategy=dict(type=FSDPStrategy)),
+                    dict(strategy=dict(type=FSDPStrategy)), dict(strategy=dict(type=OwnFSDPStrategy)),
+                    dict(strategy=FSDPStrategy()),
                     dict(model_wrapper_cfg=dict(type="MMFullyShardedDataParallel"))):
         assert prepared(**sharded) is True, sharded
     for plain in ({}, dict(strategy=dict(type="DDPStrategy")),
@@ -774,11 +778,12 @@ def test_amp_is_one_rule_for_both_openmmlab_tools(tmp_path, monkeypatch):
     """``--amp`` switches a config to AmpOptimWrapper with a dynamic loss scale (mmseg's and
     mmdet's own scripts' switch), which the run builds as ``DeviceAmpOptimWrapper``: fp16 on
     CUDA, bf16 on a CPU with native bf16. On a CPU without it (``srvit_backbones.amp``'s rule)
-    ``--amp``, and a config that trains with AmpOptimWrapper without a dtype (the mmdet
-    flagship's), are refused before anything is built, each naming the fixes, by train_seg and
-    train_det alike (one ``apply_amp``), in the terms of what asked for it (the flagship's own
-    AmpOptimWrapper with ``--amp``: the config's message, and ``--amp`` dropped too); a dtype named
-    runs there. On an NPU (MLU, MUSA) AmpOptimWrapper stays mmengine's own; on another device
+    ``--amp``, and a config that trains with AmpOptimWrapper without a dtype, are refused before
+    anything is built, each naming the fixes (one ``apply_amp`` for train_seg and train_det; a
+    two-stage detector is refused first, test_mmdet), in the terms of what asked for it (a config's
+    own AmpOptimWrapper, by any name, with ``--amp``: the config's message, and ``--amp`` dropped
+    too; its loss scale kept); a dtype named runs there. mmengine's OptimWrapper by a scoped name
+    drops the mixed-precision keys too. On an NPU (MLU, MUSA) AmpOptimWrapper stays mmengine's own; on another device
     (MPS), which neither wrapper runs on, it is refused naming the fix."""
     from srvit_backbones.openmmlab import tools
     from srvit_backbones.openmmlab.tools import apply_amp, prepare_training
@@ -806,20 +811,31 @@ def test_amp_is_one_rule_for_both_openmmlab_tools(tmp_path, monkeypatch):
             with pytest.raises(SystemExit, match=r"mixed precision .*CUDA and the CPU.* not on this run's 'mps' "
                                                  r"device: " + fix):
                 apply_amp(mps, requested)
-    for tool, config in (("train_seg", QUICKSTART), ("train_det", "quickstart/mask_rcnn_srvit_tiny_cpu.py")):
-        common = [config, "--work-dir", str(tmp_path / "w")]
-        with pytest.raises(SystemExit, match=r"--amp on the CPU runs bf16, but this CPU has no native bf16.*drop "
-                                             r"--amp.*--cfg-options optim_wrapper.dtype=float16"):
-            load_tool(tool).main([*common, "--amp"])
-        with pytest.raises(SystemExit, match=r"AmpOptimWrapper' without a dtype .* no native bf16.*--cfg-options "
-                                             r"optim_wrapper.type=OptimWrapper.*--cfg-options optim_wrapper.dtype"):
-            load_tool(tool).main([*common, "--cfg-options", "optim_wrapper.type=AmpOptimWrapper"])
+    common = [QUICKSTART, "--work-dir", str(tmp_path / "w")]
+    with pytest.raises(SystemExit, match=r"--amp on the CPU runs bf16, but this CPU has no native bf16.*drop "
+                                         r"--amp.*--cfg-options optim_wrapper.dtype=float16"):
+        load_tool("train_seg").main([*common, "--amp"])
+    with pytest.raises(SystemExit, match=r"AmpOptimWrapper' without a dtype .* no native bf16.*--cfg-options "
+                                         r"optim_wrapper.type=OptimWrapper.*--cfg-options optim_wrapper.dtype"):
+        load_tool("train_seg").main([*common, "--cfg-options", "optim_wrapper.type=AmpOptimWrapper"])
+    with pytest.raises(SystemExit, match="cannot train this mmdet model: mmcv's CPU kernels"):  # before the dtype
+        load_tool("train_det").main(["quickstart/mask_rcnn_srvit_tiny_cpu.py", "--work-dir", str(tmp_path / "w"),
+                                     "--amp"])  # (test_mmdet: the refusal's premise and its other branches)
     with pytest.raises(SystemExit) as flagship:  # its own AmpOptimWrapper: the config's message, with --amp's part
-        load_tool("train_det").main(["mask_rcnn_srvit_s_t3_lsj.py", "--work-dir", str(tmp_path / "w"), "--amp",
-                                     "--cfg-options", "optim_wrapper.device_type=cpu"])
+        load_tool("train_seg").main([*common, "--amp", "--cfg-options", "optim_wrapper.type=mmseg.AmpOptimWrapper",
+                                     "optim_wrapper.loss_scale=512.0"])
     assert re.fullmatch(r"optim_wrapper.type='AmpOptimWrapper' without a dtype .* no native bf16.*train in fp32 "
                         r"\(--cfg-options optim_wrapper.type=OptimWrapper\).*optim_wrapper.dtype=float16\) \(for fp32 "
                         r"drop --amp too: it makes an OptimWrapper AmpOptimWrapper\)", str(flagship.value))
+    scoped = Config(dict(launcher="none", default_scope="mmseg", optim_wrapper=dict(
+        type="mmengine.AmpOptimWrapper", loss_scale=512.0, device_type="cuda")))
+    apply_amp(scoped, requested=True)  # mixed precision already, by another name: its own loss scale kept
+    assert scoped.optim_wrapper.type == "mmengine.AmpOptimWrapper" and scoped.optim_wrapper.loss_scale == 512.0
+    prepare_training(scoped)
+    assert scoped.optim_wrapper.type == "DeviceAmpOptimWrapper"
+    scoped = Config(dict(launcher="none", optim_wrapper=dict(type="mmseg.OptimWrapper", loss_scale="dynamic")))
+    prepare_training(scoped)  # fp32 by a scoped name: the mixed-precision key dropped too
+    assert "loss_scale" not in scoped.optim_wrapper
     cfg = Config.fromfile(QUICKSTART)
     cfg.optim_wrapper.dtype = "float16"
     apply_amp(cfg, requested=True)  # named: the GPU's fp16 path, on this CPU too

@@ -5,22 +5,25 @@ one; it is registered in mmengine's root ``OPTIM_WRAPPERS``, which mmseg's and m
 fall back to."""
 from contextlib import contextmanager
 from numbers import Real
-from typing import Dict, Optional, Union
+from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 import torch.nn as nn
 from mmengine.device import get_device
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
-from mmengine.registry import OPTIM_WRAPPERS, DefaultScope
+from mmengine.registry import OPTIM_WRAPPERS
 
 from .. import amp
 
 #: the devices mmengine's own ``AmpOptimWrapper`` runs on and ours does not (it also runs on CUDA)
 MMENGINE_AMP_DEVICES = ("npu", "mlu", "musa")
-#: Why a framework's models cannot train in mixed precision on a CPU, by its configs'
-#: ``default_scope``: its package says so on import (``srvit_backbones.mmdet``: mmcv's CPU kernels).
-#: ``tools.apply_amp`` and ``tools.prepare_training`` refuse such a run, naming the reason and fp32.
-CPU_MIXED_PRECISION_REFUSED: Dict[str, str] = {}
+#: Why a framework's models cannot train in mixed precision on a CPU: by its configs' ``default_scope``,
+#: a function of the config that names the reason (None where its model can). The framework's
+#: package fills it in on import (``srvit_backbones.mmdet``: two-stage detectors, mmcv's CPU nms).
+#: ``tools.apply_amp`` refuses such a run before anything is built; ``tools.prepare_optim_wrapper``
+#: hands the reason to ``DeviceAmpOptimWrapper`` (``cpu_refusal``), which refuses it when a training
+#: run builds it (mmseg's and mmdet's own tools/train.py too).
+CPU_MIXED_PRECISION_REFUSALS: Dict[str, Callable[[Any], Optional[str]]] = {}
 #: an ``AmpOptimWrapper`` ``dtype`` (mmengine's names; torch dtypes too) as ``srvit_backbones.amp``'s ``--amp`` value
 PRECISION_OF_DTYPE = {None: "auto", "float16": "fp16", "bfloat16": "bf16"}
 
@@ -31,12 +34,14 @@ def device_kind(device: Union[str, torch.device]) -> str:
     return str(device).split(":")[0]
 
 
-def cpu_mixed_precision_refused(scope: Optional[str], device_type: str) -> Optional[str]:
-    """Why the models of the framework ``scope`` (a config's ``default_scope``) cannot train in
-    mixed precision on ``device_type``, where it is a CPU and the framework's package said so
-    (``CPU_MIXED_PRECISION_REFUSED``); None where they can."""
-    why = CPU_MIXED_PRECISION_REFUSED.get(scope) if device_kind(device_type) == "cpu" else None
-    return f"mixed precision on the CPU cannot train {scope}'s models: {why}" if why else None
+def cpu_mixed_precision_refusal(cfg) -> Optional[str]:
+    """Why the model of ``cfg`` (an mmengine config) cannot train in mixed precision on a CPU, as
+    its framework says (``CPU_MIXED_PRECISION_REFUSALS``, by the config's ``default_scope``);
+    None where it can."""
+    scope = cfg.get("default_scope")
+    refusal = CPU_MIXED_PRECISION_REFUSALS.get(scope)
+    why = refusal(cfg) if refusal is not None else None
+    return f"mixed precision on the CPU cannot train this {scope} model: {why}" if why else None
 
 
 def amp_optim_dtype(device_type: str, dtype: Union[None, str, torch.dtype]) -> torch.dtype:
@@ -79,8 +84,9 @@ class DeviceAmpOptimWrapper(AmpOptimWrapper):
     state (``state_dict()['loss_scaler']``) has mmengine's keys and a checkpoint moves between the
     two classes both ways.
 
-    A framework whose models cannot train in mixed precision on a CPU (``CPU_MIXED_PRECISION_REFUSED``,
-    by the run's default scope: mmdet) is refused on a CPU, naming why and fp32.
+    ``cpu_refusal``: why the run's model cannot train in mixed precision on a CPU
+    (``cpu_mixed_precision_refusal``; ``tools.prepare_training`` sets it from the config): on a
+    CPU the wrapper is refused, naming it and fp32.
 
     ``__init__`` repeats mmengine 0.10.7's without what ties it to CUDA: its assert of a GPU (NPU,
     MLU or MUSA) and its ``torch.cuda.amp.GradScaler`` (a ``torch.amp.GradScaler`` of the device
@@ -88,14 +94,19 @@ class DeviceAmpOptimWrapper(AmpOptimWrapper):
     ``mmengine.runner.amp.autocast``, which allows only bf16 on the CPU."""
 
     def __init__(self, loss_scale: Union[str, float, dict] = "dynamic", dtype: Union[None, str, torch.dtype] = None,
-                 use_fsdp: bool = False, device_type: Optional[str] = None, **kwargs):
+                 use_fsdp: bool = False, device_type: Optional[str] = None, cpu_refusal: Optional[str] = None,
+                 **kwargs):
         OptimWrapper.__init__(self, **kwargs)  # not AmpOptimWrapper's: it asserts a GPU
         self.device_type = device_kind(device_type or get_device())
-        self.cast_dtype = amp_optim_dtype(self.device_type, dtype)
-        scope = DefaultScope.get_current_instance()  # the run's framework, as the Runner set it
-        refused = cpu_mixed_precision_refused(scope and scope.scope_name, self.device_type)
-        if refused:  # mim train's scripts build the wrapper without our tools' check (tools.apply_amp)
-            raise ValueError(f"{refused}: train in fp32, --cfg-options optim_wrapper.type=OptimWrapper")
+        try:
+            if cpu_refusal and self.device_type == "cpu":
+                raise ValueError(f"{cpu_refusal}: train in fp32 (--cfg-options optim_wrapper.type=OptimWrapper)")
+            self.cast_dtype = amp_optim_dtype(self.device_type, dtype)
+        except ValueError as e:  # mmseg's and mmdet's tools/train.py set the type after --cfg-options
+            if "optim_wrapper.type=OptimWrapper" not in str(e):
+                raise
+            raise ValueError(f"{e}; with tools/train.py's --amp, drop --amp too (it sets "
+                             f"optim_wrapper.type=AmpOptimWrapper after --cfg-options)") from None
         if use_fsdp:
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as scaler_type
         else:

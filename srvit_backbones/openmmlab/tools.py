@@ -13,35 +13,50 @@ import torch.distributed as dist
 from mmengine.config import Config
 from mmengine.device import get_device
 from mmengine.logging import print_log
-from mmengine.optim import OptimWrapper
+from mmengine.optim import AmpOptimWrapper, OptimWrapper
+from mmengine.registry import OPTIM_WRAPPERS
 
 from ..config_files import resolve_config
 from ..faults import COLLECTIVE_TIMEOUT_S, collective_timeout
-from .optim_wrapper import MMENGINE_AMP_DEVICES, amp_optim_dtype, cpu_mixed_precision_refused, device_kind
+from .optim_wrapper import (MMENGINE_AMP_DEVICES, DeviceAmpOptimWrapper, amp_optim_dtype, cpu_mixed_precision_refusal,
+                            device_kind)
 
-#: the ``optim_wrapper.type`` of mixed precision: mmengine's, and ours that ``prepare_training`` makes of it
-AMP_OPTIM_WRAPPERS = ("AmpOptimWrapper", "DeviceAmpOptimWrapper")
-#: an ``optim_wrapper.type`` of mmengine's plain ``OptimWrapper`` (fp32), by name or class
-FP32_OPTIM_WRAPPERS = ("OptimWrapper", "mmengine.OptimWrapper", OptimWrapper)
 #: the arguments only mixed precision takes (mmengine's ``AmpOptimWrapper``'s and ``DeviceAmpOptimWrapper``'s)
-AMP_ONLY_KEYS = ("loss_scale", "dtype", "use_fsdp", "device_type")
+AMP_ONLY_KEYS = ("loss_scale", "dtype", "use_fsdp", "device_type", "cpu_refusal")
+
+
+def optim_wrapper_class(optim_wrapper):
+    """The class an ``optim_wrapper`` config's ``type`` names (a name, scoped as
+    ``'mmdet.AmpOptimWrapper'`` or not, or the class), or None where no registry knows it."""
+    kind = optim_wrapper.get("type", "OptimWrapper")
+    kind = OPTIM_WRAPPERS.get(kind) if isinstance(kind, str) else kind
+    return kind if isinstance(kind, type) else None
 
 
 def apply_amp(cfg: Config, requested: bool) -> None:
     """``--amp``: train with ``AmpOptimWrapper`` and a dynamic loss scale, as mmseg's and mmdet's
-    own tools/train.py do (``prepare_training`` makes it ``DeviceAmpOptimWrapper``: fp16 on CUDA,
-    bf16 on a CPU with native bf16). Mixed precision that cannot run on this device, ``--amp`` or
-    the config's ``AmpOptimWrapper`` (a CPU without native bf16 and no dtype named, a device other
-    than CUDA, the CPU, NPU, MLU or MUSA), is refused here, before anything is built, naming the
-    fix in the terms of what asked for it (``srvit_backbones.amp``'s rule: never a silent fp32
-    run, nor emulated bf16, which is slower than fp32)."""
-    switched = requested and cfg.optim_wrapper.type not in AMP_OPTIM_WRAPPERS  # --amp made it AmpOptimWrapper
+    own tools/train.py do, where the config does not train in mixed precision already (its own
+    loss scale kept). ``prepare_training`` makes ``AmpOptimWrapper`` ``DeviceAmpOptimWrapper``:
+    fp16 on CUDA, bf16 on a CPU with native bf16. Mixed precision that cannot run here, asked by
+    ``--amp`` or by the config, is refused before anything is built, naming the fix in the terms
+    of what asked for it: a model whose framework cannot train it so on a CPU
+    (``cpu_mixed_precision_refusal``), a CPU without native bf16 and no dtype named
+    (``srvit_backbones.amp``'s rule: never a silent fp32 run, nor emulated bf16, which is slower
+    than fp32), a device other than CUDA, the CPU, NPU, MLU or MUSA."""
+    kind = optim_wrapper_class(cfg.optim_wrapper)
+    switched = requested and not (kind and issubclass(kind, AmpOptimWrapper))  # --amp made it AmpOptimWrapper
     if switched:
         cfg.optim_wrapper.type = "AmpOptimWrapper"
         cfg.optim_wrapper.loss_scale = "dynamic"
-    if cfg.optim_wrapper.type not in AMP_OPTIM_WRAPPERS or not runs_device_amp(cfg.optim_wrapper):
-        return
+    if optim_wrapper_class(cfg.optim_wrapper) not in (AmpOptimWrapper, DeviceAmpOptimWrapper) \
+            or not runs_device_amp(cfg.optim_wrapper):
+        return  # fp32, mmengine's own on an NPU, MLU or MUSA device, or a wrapper of the config's own
     device_type = device_kind(cfg.optim_wrapper.get("device_type") or get_device())
+    refused = cpu_mixed_precision_refusal(cfg) if device_type == "cpu" else None
+    if refused:
+        raise SystemExit(refused + (": drop --amp to train in fp32" if switched else
+                                    ": train in fp32, --cfg-options optim_wrapper.type=OptimWrapper"
+                                    + (", and drop --amp" if requested else "")))
     try:
         with warnings.catch_warnings():  # an emulated dtype: the wrapper warns when it is built
             warnings.simplefilter("ignore")
@@ -59,11 +74,6 @@ def apply_amp(cfg: Config, requested: bool) -> None:
         elif requested:  # the config's own message, and --amp would make an OptimWrapper AmpOptimWrapper again
             message += " (for fp32 drop --amp too: it makes an OptimWrapper AmpOptimWrapper)"
         raise SystemExit(message) from None
-    refused = cpu_mixed_precision_refused(cfg.get("default_scope"), device_type)
-    if refused:
-        raise SystemExit(refused + (": drop --amp to train in fp32" if switched else
-                                    ": train in fp32, --cfg-options optim_wrapper.type=OptimWrapper"
-                                    + (", and drop --amp" if requested else "")))
 
 
 def runs_device_amp(optim_wrapper) -> bool:
@@ -134,23 +144,33 @@ def prepare_training(cfg: Config) -> None:
 
 
 def prepare_optim_wrapper(cfg: Config) -> None:
-    """``AmpOptimWrapper`` made ``DeviceAmpOptimWrapper`` where that runs (``runs_device_amp``:
-    mmengine's on CUDA, and on a CPU by the package's mixed-precision rule), with ``use_fsdp=True``
-    (a ``ShardedGradScaler``, whose ranks agree on a skipped step) where the model is sharded
-    (``shards_with_fsdp``), unless the config sets it: mmengine's ``FSDPStrategy`` sets it only on
-    a wrapper named ``AmpOptimWrapper``, and its ``Runner`` with ``MMFullyShardedDataParallel``
-    not at all (its ranks could disagree on skipping a step). mmengine's plain ``OptimWrapper`` (fp32, the fix the
-    messages name: ``--cfg-options optim_wrapper.type=OptimWrapper``, which cannot delete keys)
-    drops the keys only mixed precision takes, with a warning naming them, where it would fail on
-    them (``unexpected keyword argument``)."""
+    """mmengine's ``AmpOptimWrapper`` (by any name: ``'mmdet.AmpOptimWrapper'``, the class; not a
+    config's own subclass) made ``DeviceAmpOptimWrapper`` where that runs (``runs_device_amp``:
+    mmengine's on CUDA, and on a CPU by the package's mixed-precision rule), given
+    - ``use_fsdp=True`` (a ``ShardedGradScaler``, whose ranks agree on a skipped step) where the
+      model is sharded (``shards_with_fsdp``), unless the config sets it: mmengine's
+      ``FSDPStrategy`` sets it only on a wrapper named ``AmpOptimWrapper``, and its ``Runner`` with
+      ``MMFullyShardedDataParallel`` not at all (its ranks could disagree on skipping a step);
+    - ``cpu_refusal``, where the model's framework says it cannot train so on a CPU
+      (``cpu_mixed_precision_refusal``): the wrapper refuses it there when a training run builds it.
+    mmengine's plain ``OptimWrapper`` (fp32, the fix the messages name: ``--cfg-options
+    optim_wrapper.type=OptimWrapper``, which cannot delete keys) drops the keys only mixed
+    precision takes, with a warning naming them, where it would fail on them (``unexpected
+    keyword argument``)."""
     optim_wrapper = cfg.get("optim_wrapper")
     if not optim_wrapper:
         return
-    if optim_wrapper.get("type") == "AmpOptimWrapper" and runs_device_amp(optim_wrapper):
+    kind = optim_wrapper_class(optim_wrapper)
+    if kind is AmpOptimWrapper and runs_device_amp(optim_wrapper):  # mmengine's by any name, not a subclass
         optim_wrapper["type"] = "DeviceAmpOptimWrapper"
-    if optim_wrapper.get("type") == "DeviceAmpOptimWrapper" and shards_with_fsdp(cfg):
-        optim_wrapper.setdefault("use_fsdp", True)
-    if optim_wrapper.get("type") in FP32_OPTIM_WRAPPERS:
+        kind = DeviceAmpOptimWrapper
+    if kind is DeviceAmpOptimWrapper:
+        if shards_with_fsdp(cfg):
+            optim_wrapper.setdefault("use_fsdp", True)
+        refused = cpu_mixed_precision_refusal(cfg)
+        if refused:  # the wrapper refuses it on a CPU when it is built (training runs only)
+            optim_wrapper.setdefault("cpu_refusal", refused)
+    if kind is OptimWrapper:
         dropped = [key for key in AMP_ONLY_KEYS if key in optim_wrapper]
         for key in dropped:
             optim_wrapper.pop(key)
@@ -168,9 +188,12 @@ def shards_with_fsdp(cfg: Config) -> bool:
     strategy, wrapper = cfg.get("strategy"), cfg.get("model_wrapper_cfg")
     if not strategy and not wrapper:
         return False
-    from mmengine._strategy import FSDPStrategy
+    try:
+        from mmengine._strategy import FSDPStrategy
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:  # a torch (or mmengine) without FSDP shards nothing
+        return False
     from mmengine.registry import MODEL_WRAPPERS, STRATEGIES
-    from torch.distributed.fsdp import FullyShardedDataParallel
 
     return isinstance(strategy, FSDPStrategy) or _names_a_subclass(strategy, STRATEGIES, FSDPStrategy) or \
         _names_a_subclass(wrapper, MODEL_WRAPPERS, FullyShardedDataParallel)
