@@ -30,6 +30,12 @@ def cpu_has_native_fp16() -> bool:
     return bool(check is not None and check())
 
 
+def runs_auto(device) -> bool:
+    """Whether ``--amp auto`` (a framework's mixed precision with no dtype named) runs on ``device``
+    (a ``torch.device`` or its name): on CUDA, and on a CPU with native bf16."""
+    return torch.device(device).type == "cuda" or cpu_has_native_bf16()
+
+
 def amp_dtype(device: str) -> torch.dtype:
     """The autocast dtype ``--amp`` uses on ``device`` ('cpu', 'cuda', 'cuda:1', ...), or a
     ValueError that says why there is none and what to do."""

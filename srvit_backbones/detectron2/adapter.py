@@ -38,7 +38,7 @@ class Detectron2Adapter(FrameworkAdapter):
         from .. import amp
         from .benchmark import trainer_steps
 
-        mixed = device.type == "cuda" or amp.cpu_has_native_bf16()  # train.amp.enabled's rule: fp32 where it has none
+        mixed = amp.runs_auto(device)  # train.amp.enabled's rule: fp32 where it does not run
         opts = [f"model.backbone.net.img_size={size}", f"model.backbone.square_pad={size}",
                 f"train.device={device}", f"train.amp.enabled={mixed}"]
         return trainer_steps(config, opts, images=images, warmup=warmup, steps=steps)

@@ -42,7 +42,7 @@ def segmentor_step(config, size, images, device):
     cfg.model.backbone.img_size = (size, size)
     cfg.model.backbone.pop("init_cfg", None)
     device_type = torch.device(device).type
-    if device_type == "cuda" or amp.cpu_has_native_bf16():
+    if amp.runs_auto(device):
         cfg.optim_wrapper.update(type="DeviceAmpOptimWrapper", device_type=device_type)
     else:
         cfg.optim_wrapper.type = "OptimWrapper"
