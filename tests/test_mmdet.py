@@ -1350,7 +1350,6 @@ def test_fine_tune_a_coco_detector_on_three_classes_of_your_own(coco_root, train
                      r"roi_head.bbox_head.fc_cls.weight \(81, 256\) -> \(4, 256\)", log), log[-3000:]
     saved = torch.load(out / f"iter_{iters}.pth", map_location="cpu", weights_only=False)
     assert saved["meta"]["dataset_meta"]["classes"] == tuple(CUSTOM_CLASSES)
-    # from the run's log: mmdet's configs name their Visualizer 'visualizer', so in a process that
-    # built a Runner before (another test), its scalars.json goes to that first run's folder
+    # from the run's log, as the user reads it
     (ap50,) = re.findall(r"Iter\(val\).*coco/bbox_mAP_50: ([0-9.]+)", log)
     assert float(ap50) > 0.1, log[-3000:]
