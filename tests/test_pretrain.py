@@ -370,39 +370,6 @@ finally:
 """
 
 
-def test_torchrun_two_processes_with_repeated_augmentation(image_folder, tmp_path):
-    """Two processes train with timm's repeated-augmentation sampler (the recipe's 3 repeats):
-    each rank draws its share, 18 / 2 = 9 indices of the epoch; interleaved, the two ranks'
-    draws are 6 images each repeated 3 times in a row, so every image's augmented copies are
-    split across both ranks. Evaluation is reduced over both processes."""
-    import subprocess
-    import sys
-
-    launcher = tmp_path / "recording_launcher.py"
-    launcher.write_text(SAMPLER_RECORDING_LAUNCHER)
-    env = dict(os.environ, OMP_NUM_THREADS="1",  # the checkout's package, installed or not
-               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
-           str(launcher), os.path.join(ROOT, "tools", "pretrain.py"), str(tmp_path),
-           *tiny_args(image_folder, tmp_path, "--epochs", "1", "--device", "cpu")]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-3000:]
-    assert "repeated augmentation" not in log  # no warning that it is off
-    passes = [json.loads((tmp_path / f"drawn_rank{rank}.json").read_text()) for rank in (0, 1)]
-    assert [len(p) for p in passes] == [1, 1], passes  # one epoch: one pass of each rank's sampler
-    (first,), (second,) = passes
-    assert [(p["epoch"], p["rank"], p["replicas"], p["repeats"], p["dataset"]) for p in (first, second)] == \
-        [(0, 0, 2, 3, 18), (0, 1, 2, 3, 18)]
-    assert len(first["indices"]) == len(second["indices"]) == 18 // 2
-    interleaved = [i for pair in zip(first["indices"], second["indices"]) for i in pair]
-    images = interleaved[::3]
-    assert len(set(images)) == 6 and interleaved == [i for i in images for _ in range(3)], interleaved
-    assert set(images) <= set(first["indices"]) & set(second["indices"])
-    assert "top-1" in log and "(6 images)" in log  # evaluation reduced over both processes
-    assert torch.load(tmp_path / "last.pth", weights_only=True)["epoch"] == 0
-
-
 # ----------------------------------------------------------------------------- mixed precision, compile, DDP
 def test_one_amp_rule_for_every_device(monkeypatch):
     """``--amp``: fp16 (and a GradScaler) on CUDA, bf16 on a CPU with native bf16, a clear error
@@ -558,16 +525,23 @@ def test_a_rank_killed_mid_epoch_ends_the_job_on_every_machine(image_folder, tmp
     and the signal, and the checkpoint of epoch 0 is as it was written. The same launch is the
     multi-node run: its epoch-0 weights equal, bit for bit, those of 1 machine x 2 processes run
     alongside for that epoch only (the 2 epochs' 8 steps are all warmup, whose lrs do not depend on
-    the number of epochs)."""
+    the number of epochs). The 1 x 2 run also records what timm's repeated-augmentation sampler
+    (the recipe's 3 repeats) draws: each rank its share, 18 / 2 = 9 indices of the epoch;
+    interleaved, the two ranks' draws are 6 images each repeated 3 times in a row, so every
+    image's augmented copies are split across both ranks. Its evaluation is reduced over both."""
     import subprocess
     import sys
 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get(
         "PYTHONPATH")])))
 
+    launcher = tmp_path / "recording_launcher.py"
+    launcher.write_text(SAMPLER_RECORDING_LAUNCHER)
+
     def launch(layout, rank, port, log, epochs):
-        return subprocess.Popen([sys.executable, *torchrun(layout, port, rank),
-                                 os.path.join(ROOT, "tools", "pretrain.py"), *tiny_args(
+        tool = [os.path.join(ROOT, "tools", "pretrain.py")]  # the 1 x 2 run's through the sampler recording
+        tool = [str(launcher), *tool, str(tmp_path)] if layout == "1x2" else tool
+        return subprocess.Popen([sys.executable, *torchrun(layout, port, rank), *tool, *tiny_args(
                                      image_folder, tmp_path / layout, "--epochs", str(epochs), "--warmup-epochs", "2",
                                      "--max-iters-per-epoch", "4", "--device", "cpu")], env=env,
                                 stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -584,4 +558,17 @@ def test_a_rank_killed_mid_epoch_ends_the_job_on_every_machine(image_folder, tmp
                                  for layout in ("2x1", "1x2"))
     assert two_machines["epoch"] == one_machine["epoch"] == 0
     assert_same_tensors(two_machines["model"], one_machine["model"])
+    log = (tmp_path / "1x2.log").read_text()
+    assert "repeated augmentation" not in log  # no warning that it is off
+    passes = [json.loads((tmp_path / f"drawn_rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [len(p) for p in passes] == [1, 1], passes  # one epoch: one pass of each rank's sampler
+    (first,), (second,) = passes
+    assert [(p["epoch"], p["rank"], p["replicas"], p["repeats"], p["dataset"]) for p in (first, second)] == \
+        [(0, 0, 2, 3, 18), (0, 1, 2, 3, 18)]
+    assert len(first["indices"]) == len(second["indices"]) == 18 // 2
+    interleaved = [i for pair in zip(first["indices"], second["indices"]) for i in pair]
+    images = interleaved[::3]
+    assert len(set(images)) == 6 and interleaved == [i for i in images for _ in range(3)], interleaved
+    assert set(images) <= set(first["indices"]) & set(second["indices"])
+    assert "top-1" in log and "(6 images)" in log  # evaluation reduced over both processes
 
