@@ -11,7 +11,7 @@ from srvit_backbones import SRViT
 from srvit_backbones.benchmark.attention import detectron2_formula as detectron2_attention
 from srvit_backbones.benchmark.launches import count_launches
 from srvit_backbones.models import apply_block, rel_pos
-from srvit_backbones.models.rel_pos import bias_calls, choose_kernel, rel_pos_attention, rel_pos_lookup, set_rel_pos_kernel
+from srvit_backbones.models.rel_pos import bias_calls, choose_kernel, rel_pos_attention, rel_pos_lookup
 
 #: (grid, images) of the cases: 2 images of a 5x7 grid, 6 windows of 4x4
 CASES = {"global": ((5, 7), 2), "windows": ((4, 4), 6)}
@@ -89,29 +89,45 @@ def test_flex_forward_equals_detectron2(case):
                                rtol=1e-5, atol=1e-5)
 
 
-def test_the_kernel_is_chosen_by_device_type_and_the_switch(monkeypatch):
-    """The CPU keeps the kernel tuned there (dropout included); a GPU attends with ``folded``
-    whatever the sizes and the dropout; a forced kernel applies where it can run (flex: no
-    dropout, no backward on the CPU; bias: no dropout)."""
-    assert choose_kernel("cpu", 0.0, True) == choose_kernel("cpu", 0.0, False) == choose_kernel("cpu", 0.1, True) \
-        == "blocked"
-    assert choose_kernel("cuda", 0.0, True) == choose_kernel("cuda", 0.0, False) == choose_kernel("cuda", 0.1, True) \
-        == "folded"
-    monkeypatch.setattr(rel_pos, "_forced_kernel", None)
-    assert set_rel_pos_kernel("flex") is None  # the setting it replaced
-    assert choose_kernel("cuda", 0.0, True) == "flex"
-    assert choose_kernel("cpu", 0.0, False) == "flex"
-    assert choose_kernel("cpu", 0.0, True) == "blocked"  # no flex backward on the CPU
-    assert choose_kernel("cuda", 0.1, True) == "blocked"  # no dropout in flex
-    assert set_rel_pos_kernel("bias") == "flex"
-    assert choose_kernel("cpu", 0.0, True) == choose_kernel("cuda", 0.0, True) == "bias"
-    assert choose_kernel("cuda", 0.1, True) == "blocked"
-    assert set_rel_pos_kernel("folded") == "bias"
-    assert choose_kernel("cpu", 0.1, True) == "folded"
-    assert set_rel_pos_kernel(None) == "folded"
-    with pytest.raises(ValueError, match=r"unknown relative-position kernel 'fast'.*choose one of "
-                                         r"\('blocked', 'folded', 'bias', 'flex'\)"):
-        set_rel_pos_kernel("fast")
+def test_the_kernel_is_chosen_by_device_type_or_named():
+    """The CPU keeps the kernel tuned there; any other device attends with ``folded``; a kernel
+    named per call is the one that runs anywhere, and an unknown name is refused, naming the kernels."""
+    assert choose_kernel("cpu") == "blocked" and choose_kernel("cuda") == choose_kernel("meta") == "folded"
+    assert all(choose_kernel("cpu", kernel) == choose_kernel("cuda", kernel) == kernel for kernel in rel_pos.KERNELS)
+    for call in (lambda: choose_kernel("cpu", "fast"), lambda: rel_pos_attention(*inputs("global")[0], (5, 7),
+                                                                                 kernel="fast")):
+        with pytest.raises(ValueError, match=r"unknown relative-position kernel 'fast'.*choose one of "
+                                             r"\('blocked', 'folded', 'bias', 'flex'\)"):
+            call()
+
+
+def test_a_model_passes_its_kernel_to_every_attention_call():
+    """``SRViT(rel_pos_kernel=...)`` runs that kernel in every relative-position application
+    (``flex``, which has no backward on the CPU, fails a training step there; ``folded`` trains
+    and equals the CPU's own kernel); a name that is not a kernel, or a kernel without relative
+    positions, is refused when the model is built."""
+    def tiny(**kwargs):
+        torch.manual_seed(0)
+        return SRViT(img_size=64, embed_dim=32, num_heads=2, layout=(2, 1), num_steps=2, num_classes=0,
+                     window_size=2, **kwargs)
+
+    x = torch.randn(2, 3, 64, 64)
+    with pytest.raises(NotImplementedError, match="FlexAttention does not support backward on CPU"):
+        tiny(use_rel_pos=True, rel_pos_kernel="flex").forward_features(x)
+    with torch.no_grad():
+        assert tiny(use_rel_pos=True, rel_pos_kernel="flex").forward_features(x).isfinite().all()
+    default, folded = tiny(use_rel_pos=True), tiny(use_rel_pos=True, rel_pos_kernel="folded")
+    for model in (default, folded):
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0, 0.2)
+    torch.testing.assert_close(folded.forward_features(x), default.forward_features(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="unknown relative-position kernel 'fast'"):
+        tiny(use_rel_pos=True, rel_pos_kernel="fast")
+    with pytest.raises(ValueError, match="rel_pos_kernel='bias' chooses the relative-position attention's kernel, "
+                                         "and this model has none: use use_rel_pos=True, or rel_pos_kernel=None"):
+        tiny(rel_pos_kernel="bias")
 
 
 @pytest.mark.parametrize("grid,window", [((5, 7), 0), ((6, 6), 3), ((6, 7), 4)], ids=["global", "windows", "padded_windows"])

@@ -6,7 +6,7 @@ import contextlib
 import torch
 
 from .. import SRViT, amp
-from ..models.rel_pos import KERNELS, choose_kernel, rel_pos_attention, set_rel_pos_kernel
+from ..models.rel_pos import KERNELS, choose_kernel, rel_pos_attention
 from ..models.window import window_qkv
 from .timing import cosine
 
@@ -106,16 +106,21 @@ def model_on_device_against_cpu(device):
     reference the CPU's (``blocked``), so that every row compares two computations."""
     device = torch.device(device)
     with tf32_off():
-        return _compare_on_device(device, choose_kernel("cuda", 0.0, True) if device.type == "cpu" else None)
+        return _compare_on_device(device, choose_kernel("cuda") if device.type == "cpu" else None)
 
 
-def _compare_on_device(device, forced_kernel):
+def _tiny_model(rel_pos_kernel):
     torch.manual_seed(0)
     model = SRViT(img_size=112, embed_dim=64, num_heads=2, layout=(2, 1), num_steps=3, num_classes=0,
-                  window_size=3, use_rel_pos=True)
+                  window_size=3, use_rel_pos=True, rel_pos_kernel=rel_pos_kernel)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.1)
+    return model
+
+
+def _compare_on_device(device, forced_kernel):
+    model = _tiny_model(None)  # the reference: the CPU's own kernel
     x = torch.randn(2, 3, 112, 112)
 
     def run(module, inputs, dtype=None):
@@ -128,29 +133,23 @@ def _compare_on_device(device, forced_kernel):
                 [p.grad.float().cpu().clone() for p in module.parameters() if p.grad is not None])
 
     ref_features, ref_grads = run(model, x)
-    kernels = dict(kernel=forced_kernel or choose_kernel(device.type, 0.0, True),
-                   reference_kernel=choose_kernel("cpu", 0.0, True))
-    gpu = model.to(device)
+    kernels = dict(kernel=choose_kernel(device.type, forced_kernel), reference_kernel=choose_kernel("cpu"))
+    gpu = _tiny_model(forced_kernel).to(device)
     rows = []
-    previous = set_rel_pos_kernel(forced_kernel)
-    try:
-        for dtype, out_min, grad_min in ((None, None, None), (torch.float16, 0.999, 0.99),
-                                         (torch.bfloat16, 0.999, 0.99)):
-            if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-                continue
-            features, grads = run(gpu, x.to(device), dtype)
-            case = f"tiny windowed rel-pos model, {device.type} {str(dtype or 'fp32').replace('torch.', '')}"
-            if dtype is None:
-                diff = max((features - ref_features).abs().max().item(),
-                           max((a - b).abs().max().item() / max(b.abs().max().item(), 1e-12)
-                               for a, b in zip(grads, ref_grads)))
-                rows.append(dict(case=f"{case} against CPU fp32", **kernels, max_abs_diff=diff, tolerance=1e-4,
-                                 ok=diff <= 1e-4))
-            else:
-                cos_out = cosine(features, ref_features)
-                cos_grad = min(cosine(a, b) for a, b in zip(grads, ref_grads))
-                rows.append(dict(case=f"{case} autocast against CPU fp32", **kernels, feature_cosine=cos_out,
-                                 min_gradient_cosine=cos_grad, ok=cos_out >= out_min and cos_grad >= grad_min))
-    finally:
-        set_rel_pos_kernel(previous)
+    for dtype, out_min, grad_min in ((None, None, None), (torch.float16, 0.999, 0.99), (torch.bfloat16, 0.999, 0.99)):
+        if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            continue
+        features, grads = run(gpu, x.to(device), dtype)
+        case = f"tiny windowed rel-pos model, {device.type} {str(dtype or 'fp32').replace('torch.', '')}"
+        if dtype is None:
+            diff = max((features - ref_features).abs().max().item(),
+                       max((a - b).abs().max().item() / max(b.abs().max().item(), 1e-12)
+                           for a, b in zip(grads, ref_grads)))
+            rows.append(dict(case=f"{case} against CPU fp32", **kernels, max_abs_diff=diff, tolerance=1e-4,
+                             ok=diff <= 1e-4))
+        else:
+            cos_out = cosine(features, ref_features)
+            cos_grad = min(cosine(a, b) for a, b in zip(grads, ref_grads))
+            rows.append(dict(case=f"{case} autocast against CPU fp32", **kernels, feature_cosine=cos_out,
+                             min_gradient_cosine=cos_grad, ok=cos_out >= out_min and cos_grad >= grad_min))
     return rows

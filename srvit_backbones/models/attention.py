@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Attention, register_notrace_function
 
-from .rel_pos import is_rel_pos, rel_pos_attention
+from .rel_pos import check_kernel, is_rel_pos, rel_pos_attention
 from .rules import NO_CLASS_TOKEN
 from .window import merge_windows, window_qkv
 
@@ -26,25 +26,29 @@ class RelPosAttention(Attention):
     """timm's ViT ``Attention`` (same parameters and names) plus ViTDet's decomposed relative
     positions (``add_decomposed_rel_pos``), added to the logits by ``rel_pos_attention``.
 
-    A block may be applied both windowed and globally, and a relative offset means another
-    thing in a 14x14 window than in a 64x64 grid, so the block holds one zero-initialised
-    (height, width) table pair per extent it is applied at: ``window_rel_pos_{h,w}``
-    (2 * window_size - 1 rows) and ``global_rel_pos_{h,w}`` (2 * grid - 1 rows for the
-    model's ``img_size`` grid; interpolated for other input sizes, as ViTDet does).
-
-    timm's ``Block(attn_layer=RelPosAttention)`` builds it as it builds ``Attention`` (the same
-    arguments); the extents, which a ``Block`` cannot pass on, are given here or by
-    ``add_rel_pos_tables`` once the schedule says where the block is applied.
+    A relative offset means another thing in a window than in the whole grid, so the block holds
+    one zero-initialised (height, width) table pair per extent it is applied at:
+    ``window_rel_pos_{h,w}`` (2 * window_size - 1 rows) and ``global_rel_pos_{h,w}`` (2 * grid - 1
+    rows for the model's ``img_size`` grid; interpolated for other input sizes, as ViTDet does).
+    timm's ``Block(attn_layer=RelPosAttention)`` builds it as ``Attention``; the extents, which a
+    ``Block`` cannot pass on, are given here or by ``add_rel_pos_tables``.
 
     Args:
+        dim: the token width.
+        num_heads: attention heads.
         window_size: the window of the block's windowed applications (0: it has none).
         global_grid: the patch grid of its global applications (None: it has none).
+        rel_pos_kernel: the ``rel_pos.KERNELS`` kernel every call runs (None: ``choose_kernel``'s).
         kwargs: timm's ``Attention`` arguments.
+
+    Raises:
+        ValueError: ``rel_pos_kernel`` is not one of ``rel_pos.KERNELS``.
     """
 
     def __init__(self, dim: int, num_heads: int = 8, window_size: int = 0,
-                 global_grid: Optional[Tuple[int, int]] = None, **kwargs):
+                 global_grid: Optional[Tuple[int, int]] = None, rel_pos_kernel: Optional[str] = None, **kwargs):
         super().__init__(dim, num_heads=num_heads, **kwargs)
+        self.rel_pos_kernel = check_kernel(rel_pos_kernel)
         self.add_rel_pos_tables(window_size, global_grid)
 
     def add_rel_pos_tables(self, window_size: int = 0, global_grid: Optional[Tuple[int, int]] = None):
@@ -119,7 +123,8 @@ def grid_attention(attn: Attention, x: torch.Tensor, grid: Optional[Tuple[int, i
     q, k = attn.q_norm(q), attn.k_norm(k)
     dropout_p = attn.attn_drop.p if attn.training else 0.0
     if isinstance(attn, RelPosAttention):
-        x = rel_pos_attention(q, k, v, *attn.rel_pos_tables(windowed=bool(window_size)), size, dropout_p)
+        x = rel_pos_attention(q, k, v, *attn.rel_pos_tables(windowed=bool(window_size)), size, dropout_p,
+                              kernel=attn.rel_pos_kernel)
     else:
         x = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
     x = attn.norm(merge_windows(x, grid, window_size) if window_size else x.transpose(1, 2).reshape(B, N, attn.attn_dim))

@@ -1,32 +1,22 @@
 """ViTDet's decomposed relative positions (MViTv2's ``add_decomposed_rel_pos``) as an attention
 kernel: the tables' names and resizing, and four ways to attend with them (``KERNELS``):
 
-- ``blocked``: the bias expanded block by block of query rows (SDPA, i.e.
-  ``F.scaled_dot_product_attention`` with the block's bias as its mask, or
-  matmul-softmax-matmul per block), with a backward that recomputes each block's probabilities
-  instead of keeping any (queries, keys) tensor: memory-lean at any grid size, a Python loop of
-  blocks (the CPU's kernel, tuned there);
-- ``folded``: no bias at all. The bias of query i and key j is a sum of per-axis terms,
-  terms_h[i, row(j)] + terms_w[i, col(j)], so it folds exactly into the dot product: the query
-  gets its terms appended (q' = [q * scale, terms_h, terms_w]), the key the one-hot of its row
-  and column (k' = [k, onehot(row j), onehot(col j)]), and one SDPA call with ``scale=1`` and no
-  mask attends; the tables' gradients come out of dq' through autograd. Without a mask the
-  call qualifies for CUDA's fused kernels (cuDNN, flash) in training, and no (queries, keys)
-  tensor exists in either direction (the GPU's kernel, ``choose_kernel``);
-- ``bias``: SDPA with the whole bias of whole (image, head) maps, differentiated by autograd
-  (CUDA's memory-efficient kernel returns the bias gradient): one call, its bias kept for the
-  backward, up to GPU_BIAS_ELEMENTS; beyond, a few calls of whole maps, each checkpointed (its
-  bias rebuilt and its call rerun in the backward), so nothing of (queries, keys) size is kept;
+- ``blocked``: the bias expanded block by block of query rows (SDPA with the block's bias as its
+  mask, or matmul-softmax-matmul), with a backward that recomputes each block's probabilities:
+  no (queries, keys) tensor is kept at any grid size (the CPU's kernel);
+- ``folded``: the bias folded into the dot product, q' = [q * scale, terms_h, terms_w] against
+  k' = [k, onehot(row j), onehot(col j)], one SDPA call with ``scale=1`` and no mask, so that it
+  runs on CUDA's fused kernels in training (the GPU's kernel);
+- ``bias``: SDPA with the whole bias of whole (image, head) maps, differentiated by autograd,
+  in ``bias_calls`` calls (checkpointed beyond GPU_BIAS_ELEMENTS);
 - ``flex``: ``flex_attention`` with a ``score_mod`` adding the per-axis terms (kept in float32).
 
-The rule (``choose_kernel``): ``blocked`` on the CPU, ``folded`` elsewhere; ``bias`` and
-``flex`` are selectable per call (``kernel=``), by ``set_rel_pos_kernel`` or by the environment
-variable SRVIT_REL_POS_KERNEL. It is a function of the device type, so the GPU's choices run on
-the CPU too (``device_type='cuda'``).
+``choose_kernel`` picks by device type (so the GPU's choices run on the CPU with
+``device_type='cuda'``); a caller forces one per call with ``kernel=`` (a model with
+``SRViT(rel_pos_kernel=...)``). docs/performance.md gives the measurements behind the constants.
 """
 import contextlib
 import functools
-import os
 from typing import List, Optional, Tuple
 
 import torch
@@ -36,50 +26,38 @@ from torch.utils.checkpoint import checkpoint
 
 from .constants import size_constants
 
-#: the (images, heads, queries, keys) bias block given to SDPA as its mask, in elements:
-#: 24 MiB of fp32 (4 grid rows of a global application at 1024, 6 heads), under glibc's largest
-#: mmap threshold (32 MiB); the whole bias would be 384 MiB per global application at 1024
+#: the (images, heads, queries, keys) bias block given to SDPA as its mask, in elements (24 MiB of fp32)
 SDPA_BLOCK_ELEMENTS = 6 * 2 ** 20
 
-#: fewer keys than this: on the CPU, matmul-softmax-matmul beats SDPA when it is
-#: given a bias (25 windows of 14x14, 6 heads, 2 threads: 29 ms against 33 ms; 18 ms without
-#: relative positions)
+#: fewer keys than this: on the CPU, matmul-softmax-matmul beats SDPA given a bias
 SDPA_MIN_KEYS = 1024
 
-#: the score block of matmul-softmax-matmul and of the backward pass, in elements (1 MiB; at
-#: least one grid row, 6 MiB in a global application at 1024): small enough that its
-#: probabilities stay in cache between the softmax and the next matmul
+#: the score block of matmul-softmax-matmul and of the backward pass, in elements (1 MiB: cache-sized)
 MATMUL_BLOCK_ELEMENTS = 2 ** 18
 
-#: off the CPU, the most bias elements that one SDPA call gets and that autograd keeps for the
-#: backward of one application: 256 MiB of fp16 / bf16 (the GPU's training dtypes). ViTDet's
-#: 14x14 windows at 1024 (25 windows x 6 heads: 5.8M elements per image) take one call, kept, up
-#: to 23 images; the global 64x64 grid (16.8M per map, 6 maps per image) one call at batch 1,
-#: 2 checkpointed calls of 6 maps at batch 2 (12 per call at most). What a call holds at once, its bias and in the backward
-#: the bias gradient, stays within 512 MiB of fp16 (1 GiB of fp32), under 1.5% of an 80 GiB GPU;
-#: half the budget would double the calls of a global grid at batch 2 and beyond
+#: off the CPU, the most bias elements one SDPA call of the ``bias`` kernel gets (256 MiB of fp16)
 GPU_BIAS_ELEMENTS = 2 ** 27
 
 #: the kernels ``rel_pos_attention`` can run (the module docstring says what each does)
 KERNELS = ("blocked", "folded", "bias", "flex")
 
-#: the head dims of CUDA's fused SDPA kernels are multiples of this (fp16 / bf16: flash pads
-#: q, k and v to it with copies, the memory-efficient and cuDNN kernels refuse other sizes)
+#: the head dims of CUDA's fused SDPA kernels are multiples of this
 FUSED_HEAD_DIM_ALIGNMENT = 8
 
-#: the largest q.k head dim with which the ``folded`` kernel keeps v at its own head dim:
-#: cuDNN trains with head dims (q.k, v) up to (128, 128); beyond, flash needs q, k and v of one
-#: head dim (up to 256), so v is zero-padded to the q.k head dim (the global 64x64 grid at 1024:
-#: 64 + 64 + 64 = 192, where cuDNN's backward takes (192, 128) on some versions only)
+#: the largest q.k head dim with which the ``folded`` kernel keeps v at its own head dim (cuDNN's
+#: training limit); beyond, v is zero-padded to the q.k head dim (flash's rule)
 FOLDED_OWN_V_MAX_HEAD_DIM = 128
 
 #: the names of the relative-position tables of a ``RelPosAttention`` (one (h, w) pair per extent)
 REL_POS_SUFFIXES = ("rel_pos_h", "rel_pos_w")
 
+#: precisions whose recomputing backward keeps float32 statistics (``_BlockedRelPosAttention``)
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
 
 def autocast_off(device_type: str):
-    """Autocast switched off for ``device_type``; nothing to switch off on a device type without
-    autocast (meta tensors, on which whole models run shapes only to count their operations)."""
+    """Autocast switched off for ``device_type``; a null context on a device type without
+    autocast (meta tensors, on which whole models run shapes only)."""
     if torch.amp.is_autocast_available(device_type):
         return torch.autocast(device_type=device_type, enabled=False)
     return contextlib.nullcontext()
@@ -91,9 +69,16 @@ def is_rel_pos(name: str) -> bool:
 
 
 def resize_rel_pos(table: torch.Tensor, length: int) -> torch.Tensor:
-    """A (L, C) relative-position table resized to (length, C) by the linear interpolation
-    detectron2's / timm's ``get_rel_pos`` applies at run time, so that a table resized when a
-    checkpoint is loaded gives the bias the original table would have given."""
+    """Resize a relative-position table as detectron2's / timm's ``get_rel_pos`` does at run time.
+
+    Args:
+        table: an (L, C) table.
+        length: the rows wanted.
+
+    Returns:
+        The (length, C) table, linearly interpolated (the table itself where L == length), so
+        that a table resized at load time gives the bias the original gives.
+    """
     if table.shape[0] == length:
         return table
     resized = F.interpolate(table.T.unsqueeze(0).to(torch.promote_types(table.dtype, torch.float32)),
@@ -107,15 +92,20 @@ def _offsets(size: int, device: torch.device) -> torch.Tensor:
     return coords[:, None] - coords[None, :] + (size - 1)
 
 
-#: ``_offsets`` made once per extent and device (made per call on the host, as timm's
-#: ``get_rel_pos`` does, the index costs a host-to-device copy and a stream sync per application)
+#: ``_offsets`` made once per extent and device (no host-to-device copy per application)
 _cached_offsets = size_constants(_offsets)
 
 
 def rel_pos_lookup(size: int, table: torch.Tensor) -> torch.Tensor:
-    """(size, size, C) table rows of every (query, key) offset along one axis: timm's / ViTDet's
-    ``get_rel_pos`` for equal query and key sizes, the table resized to 2 * size - 1 rows
-    where it has another length. A compiled graph makes its index itself."""
+    """timm's / ViTDet's ``get_rel_pos`` for equal query and key sizes.
+
+    Args:
+        size: the extent along one axis.
+        table: its (L, C) table, resized to 2 * size - 1 rows where L differs.
+
+    Returns:
+        The (size, size, C) table rows of every (query, key) offset.
+    """
     return resize_rel_pos(table, 2 * size - 1)[_cached_offsets(size, table.device)]
 
 
@@ -125,8 +115,7 @@ QueryBlock = Tuple[slice, slice]
 def _query_blocks(batch: int, heads: int, rows: int, row_len: int, keys: int, budget: int) -> List[QueryBlock]:
     """(image, grid-row) slices of blocks whose (images, heads, rows * row_len, keys) scores
     hold at most ``budget`` elements: groups of whole images where they fit, else groups of
-    grid rows across as many images as fit (one launch serves several images; at least one row
-    of every head: blocks split by heads were slower, measured)."""
+    grid rows across as many images as fit (at least one row of every head)."""
     per_row = heads * row_len * keys
     if rows * per_row <= budget:
         step = max(1, budget // (rows * per_row))
@@ -138,9 +127,8 @@ def _query_blocks(batch: int, heads: int, rows: int, row_len: int, keys: int, bu
 
 
 def _scratch(like: torch.Tensor, blocks: List[QueryBlock], heads: int, row_len: int, keys: int) -> torch.Tensor:
-    """One flat buffer for every block's scores: glibc hands a freed block of more than its
-    mmap threshold back to the kernel, and a fresh block each time is faulted in anew (a global
-    application at 1024, measured: 32k page faults, 83 ms instead of 16 ms to build its bias)."""
+    """One flat buffer for every block's scores, reused: a fresh large block each time is
+    mapped and faulted in anew by glibc."""
     return like.new_empty(max((b.stop - b.start) * (r.stop - r.start) for b, r in blocks) * heads * row_len * keys)
 
 
@@ -167,76 +155,67 @@ def _scores_over_bias(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> t
     return scores.view(bias.shape)
 
 
-def set_rel_pos_kernel(kernel: Optional[str]) -> Optional[str]:
-    """Run ``kernel`` (one of ``KERNELS``) wherever it can run, instead of ``choose_kernel``'s
-    default; None restores the default. Returns the setting it replaces, for the caller to put
-    back. The environment variable SRVIT_REL_POS_KERNEL sets it at import."""
-    global _forced_kernel
+def check_kernel(kernel: Optional[str]) -> Optional[str]:
+    """``kernel`` unchanged if it is one of ``KERNELS`` or None (the device type's choice).
+
+    Raises:
+        ValueError: another name; the message names the kernels.
+    """
     if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"unknown relative-position kernel {kernel!r}: choose one of {KERNELS}, or None for the "
                          f"default choice (choose_kernel)")
-    previous, _forced_kernel = _forced_kernel, kernel
-    return previous
+    return kernel
 
 
-_forced_kernel: Optional[str] = None
-set_rel_pos_kernel(os.environ.get("SRVIT_REL_POS_KERNEL") or None)
+def choose_kernel(device_type: str, kernel: Optional[str] = None) -> str:
+    """The kernel of one attention call.
 
+    Args:
+        device_type: the device type the call runs on, or runs the choices of ('cuda' on CPU tensors).
+        kernel: one of ``KERNELS`` to force, or None for the device type's: ``blocked`` on the
+            CPU (tuned there), ``folded`` elsewhere (no mask: CUDA's fused kernels train).
 
-def choose_kernel(device_type: str, dropout_p: float, needs_grad: bool) -> str:
-    """The kernel of one attention call: ``blocked`` on the CPU (the kernel tuned there; also for
-    attention dropout, which it runs block by block); elsewhere ``folded``, whatever the sizes and
-    the dropout. Why ``folded`` on a GPU, from CUDA's SDPA dispatch emulated on the CPU
-    (``srvit_backbones.benchmark.cuda_dispatch``; ViTDet at 1024, S-T3, fp16, a training step of
-    one application): it gives SDPA no mask, so the call trains on cuDNN (14x14 windows, head
-    dims (96, 64)) or flash (the global 64x64 grid, (192, 192)) and keeps no (queries, keys)
-    tensor, where ``bias`` trains on the memory-efficient kernel with a bias that needs a
-    gradient (the 196-key window bias padded to a stride of 8 with copies; the global grid at
-    batch 2 in 2 checkpointed calls, its bias built twice) and ``flex`` compiles a kernel per
-    shape. A forced kernel (``set_rel_pos_kernel``, SRVIT_REL_POS_KERNEL) applies where it can
-    run: ``flex`` has no dropout and no backward on the CPU, so those calls take ``blocked``; the
-    other kernels run anywhere. A function of the device *type*, so that the GPU's choices run
-    (and are tested) on the CPU."""
-    if _forced_kernel == "flex":
-        return "blocked" if dropout_p or (needs_grad and device_type == "cpu") else "flex"
-    if _forced_kernel == "bias" and dropout_p:
-        return "blocked"
-    if _forced_kernel:
-        return _forced_kernel
-    return "blocked" if device_type == "cpu" else "folded"
+    Returns:
+        The kernel's name.
+
+    Raises:
+        ValueError: ``kernel`` is not one of ``KERNELS``.
+    """
+    return check_kernel(kernel) or ("blocked" if device_type == "cpu" else "folded")
 
 
 def bias_calls(maps: int, queries: int, keys: int, budget: int = GPU_BIAS_ELEMENTS) -> int:
-    """How many SDPA calls the ``bias`` kernel makes for ``maps`` (images x heads) maps of
-    (queries, keys): one while the whole bias has at most ``budget`` elements (autograd keeps
-    it), else as few calls of whole maps as fit it (each checkpointed: nothing of (queries,
-    keys) size is kept), at least one map per call."""
+    """How many SDPA calls the ``bias`` kernel makes.
+
+    Args:
+        maps: the (images x heads) attention maps.
+        queries, keys: the size of one map.
+        budget: the most bias elements per call.
+
+    Returns:
+        One while the whole bias fits ``budget`` (autograd keeps it), else as few calls of
+        whole maps as fit it (each checkpointed), at least one map per call.
+    """
     return -(-maps // max(1, budget // (queries * keys)))
 
 
 def blocks_take_sdpa(device_type: str, dtype: torch.dtype, keys: int, dropout_p: float) -> bool:
-    """Whether the ``blocked`` kernel's forward blocks take SDPA (their bias as
-    ``attn_mask``) rather than matmul-softmax-matmul: everywhere but on the CPU, and there for
-    attention dropout, low precision and grids of SDPA_MIN_KEYS keys and more."""
+    """Whether the ``blocked`` kernel's forward blocks take SDPA (their bias as ``attn_mask``)
+    rather than matmul-softmax-matmul: off the CPU, and there for attention dropout, low
+    precision and SDPA_MIN_KEYS keys and more."""
     return bool(dropout_p) or device_type != "cpu" or keys >= SDPA_MIN_KEYS or \
         dtype not in (torch.float32, torch.float64)
 
 
 def default_block_elements(device_type: str, sdpa: bool) -> int:
     """The score block of a pass that is not given one: cache-sized for matmul-softmax-matmul
-    on the CPU (forward and the recomputing backward), SDPA_BLOCK_ELEMENTS for SDPA
-    and on any other device, where each block costs kernel launches."""
+    on the CPU, SDPA_BLOCK_ELEMENTS for SDPA and on any other device (fewer launches)."""
     return SDPA_BLOCK_ELEMENTS if sdpa or device_type != "cpu" else MATMUL_BLOCK_ELEMENTS
 
 
-#: precisions whose recomputing backward keeps float32 statistics (``_BlockedRelPosAttention``)
-LOW_PRECISION = (torch.float16, torch.bfloat16)
-
-
 def backward_dtype(device_type: str, dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the recomputing backward's matmuls: the inputs' own on a GPU (tensor cores,
-    float32 accumulation), float32 for fp16 / bf16 on the CPU, whose low-precision matmuls are
-    slow; the softmax statistics and the bias gradients are float32 in either case."""
+    """The dtype of the recomputing backward's matmuls: the inputs' own on a GPU (tensor cores),
+    float32 for fp16 / bf16 on the CPU, whose low-precision matmuls are slow."""
     return torch.float32 if device_type == "cpu" and dtype in LOW_PRECISION else dtype
 
 
@@ -264,16 +243,11 @@ def _blocked_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms_h:
 
 
 class _BlockedRelPosAttention(torch.autograd.Function):
-    """The ``blocked`` kernel's training form: it keeps no (queries, keys) tensor for the
-    backward pass, but q, k, v, the per-axis terms and the output (what SDPA's flash and memory-efficient kernels keep),
-    and recomputes each block's probabilities in ``backward``, as FlashAttention does. Autograd
-    through ``F.scaled_dot_product_attention`` with a bias that needs a gradient keeps at least
-    every block's bias instead (384 MiB per global application at 1024, fp32; the test of what
-    is saved shows it).
-
-    Every input has one dtype (``rel_pos_attention`` casts them), and autocast is off inside
-    both passes: the forward runs in that dtype, the backward's matmuls in ``backward_dtype``,
-    and the gradients return in the inputs' dtype."""
+    """The ``blocked`` kernel's training form: it keeps q, k, v, the per-axis terms and the
+    output, no (queries, keys) tensor, and recomputes each block's probabilities in ``backward``,
+    as FlashAttention does (autograd through SDPA with a bias would keep every block's bias).
+    Its inputs have one dtype (``rel_pos_attention`` casts them); autocast is off in both passes,
+    the backward's matmuls run in ``backward_dtype`` and the gradients return in the inputs' dtype."""
 
     @staticmethod
     def forward(ctx, q, k, v, terms_h, terms_w, budget: Optional[int], device_type: str):
@@ -373,11 +347,17 @@ def _whole_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ter
 
 
 def folded_head_dims(head_dim: int, size: Tuple[int, int]) -> Tuple[int, int]:
-    """The (q.k, v) head dims of the ``folded`` kernel's SDPA call for ``head_dim`` channels over
-    a (h, w) grid: q.k carries the channels and one term per key row and key column, padded to
-    FUSED_HEAD_DIM_ALIGNMENT; v keeps its own (aligned) head dim up to FOLDED_OWN_V_MAX_HEAD_DIM,
-    beyond which it takes the q.k head dim (flash's rule). ViTDet at 1024, heads of 64: windows
-    of 14x14 (96, 64), the global 64x64 grid (192, 192)."""
+    """The head dims of the ``folded`` kernel's SDPA call.
+
+    Args:
+        head_dim: the channels per head.
+        size: the (h, w) grid attended over.
+
+    Returns:
+        (q.k, v) head dims: q.k carries the channels and one term per key row and key column,
+        aligned to FUSED_HEAD_DIM_ALIGNMENT; v keeps its own (aligned) head dim up to
+        FOLDED_OWN_V_MAX_HEAD_DIM, beyond which it takes the q.k head dim.
+    """
     def align(n):
         return -(-n // FUSED_HEAD_DIM_ALIGNMENT) * FUSED_HEAD_DIM_ALIGNMENT
 
@@ -414,11 +394,9 @@ _cached_folded_constants = size_constants(_folded_constants)
 
 def _folded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos_h: torch.Tensor,
                       rel_pos_w: torch.Tensor, size: Tuple[int, int], dropout_p: float) -> torch.Tensor:
-    """The ``folded`` kernel: the relative positions folded into q' . k' (the module docstring
-    says how), one SDPA call with ``scale=1`` and no mask. q' comes out of one matmul of q with
-    [scale * I | R_h^T | R_w^T | 0] (the resized tables, cast to q's dtype) and one gather, so
-    the tables are never looked up per (query, key) pair; the tables' and q's gradients flow back
-    through the gather and the matmul."""
+    """The ``folded`` kernel: q' from one matmul of q with [scale * I | R_h^T | R_w^T | 0] (the
+    resized tables in q's dtype) and one gather, so the tables are never looked up per (query,
+    key) pair; the gradients of q and the tables flow back through the gather and the matmul."""
     B, heads, N, C = q.shape
     qk_dim, v_dim = folded_head_dims(C, size)
     tables = [resize_rel_pos(t, 2 * n - 1) for t, n in zip((rel_pos_h, rel_pos_w), size)]
@@ -471,29 +449,35 @@ def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos
                       rel_pos_w: torch.Tensor, size: Tuple[int, int], dropout_p: float = 0.0,
                       block_elements: Optional[int] = None, device_type: Optional[str] = None,
                       kernel: Optional[str] = None) -> torch.Tensor:
-    """Attention over (B, heads, h*w, C) tokens of a (h, w) grid with ViTDet's decomposed
-    relative positions (MViTv2's ``add_decomposed_rel_pos``: the bias of query i and key j is
-    q_i . R_h[row_i - row_j] + q_i . R_w[col_i - col_j]). ``kernel`` (default:
-    ``choose_kernel``'s) says how the bias meets the scores (see ``KERNELS``). The ``folded``
-    kernel folds it into q' . k' and attends in one SDPA call without a mask (attention dropout
-    included). The others compute the per-axis terms once; the ``blocked`` kernel expands it for blocks of whole grid rows
-    (``block_elements`` scores at most; by default ``default_block_elements``), so a global
-    application at 1024 never holds a 4096x4096 bias per head, and training keeps none
-    (``_BlockedRelPosAttention``, in every precision). Attention dropout takes autograd through SDPA,
-    block by block. The ``bias`` kernel gives SDPA the whole bias of ``block_elements`` elements
-    at most per call (by default GPU_BIAS_ELEMENTS; ``bias_calls``).
+    """Attention over the tokens of a grid with ViTDet's decomposed relative positions: the bias
+    of query i and key j is q_i . R_h[row_i - row_j] + q_i . R_w[col_i - col_j]. A leaf for FX
+    (the blocks are a Python loop over the grid's size).
 
-    The inputs are cast to ``attention_dtype`` (autocast's where it is on). ``device_type``
-    (default: the inputs') chooses the kernel and block sizes: 'cuda' on CPU tensors runs the
-    GPU's choices on the CPU. A leaf for FX: the blocks are a Python loop over the grid's size."""
+    Args:
+        q, k, v: (B, heads, h*w, C) tokens, cast to ``attention_dtype`` (autocast's where it is on).
+        rel_pos_h, rel_pos_w: the (height, width) tables, resized where their length differs.
+        size: the (h, w) grid.
+        dropout_p: attention dropout (``bias`` and ``flex`` leave such calls to ``blocked``).
+        block_elements: the most scores of a ``blocked`` block (default ``default_block_elements``)
+            or bias elements of a ``bias`` call (default GPU_BIAS_ELEMENTS).
+        device_type: the device type whose choices of kernel and block size apply (default: the
+            inputs'; 'cuda' on CPU tensors runs the GPU's choices on the CPU).
+        kernel: one of ``KERNELS``, or None for ``choose_kernel``'s.
+
+    Returns:
+        The (B, heads, h*w, C) output in the computing dtype.
+
+    Raises:
+        ValueError: ``kernel`` is not one of ``KERNELS``.
+    """
     device_type = device_type or q.device.type
+    kernel = choose_kernel(device_type, kernel)
     dtype = attention_dtype(device_type, q, k, v)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     B, heads, N, C = q.shape
     q_h, q_w = size
     with autocast_off(device_type):
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rel_pos_h, rel_pos_w))
-        kernel = kernel or choose_kernel(device_type, dropout_p, needs_grad)
         if kernel == "folded":
             return _folded_attention(q, k, v, rel_pos_h, rel_pos_w, size, dropout_p)
         # flex adds its terms to float32 scores, and differentiates them with atomics in their dtype

@@ -29,7 +29,7 @@ from timm.models.vision_transformer import Block, get_init_weights_vit
 
 from .attention import RelPosAttention
 from .layer_ids import layer_depth, layer_id
-from .rel_pos import is_rel_pos
+from .rel_pos import check_kernel, is_rel_pos
 from .rules import NO_CLASS_TOKEN, carries_class_token, check_merge_ratio, check_merging_allowed, is_int_in
 from .schedule import Schedule, build_schedule
 from .softmor import AGGREGATIONS, SoftMoRUnit
@@ -124,8 +124,11 @@ def pos_embed_for_grid(pos_embed: torch.Tensor, num_prefix_tokens: int, old_grid
 
 
 def _check_arguments(embed_dim: int, num_heads: int, weight_init: str, aggregation: str, num_steps: int,
-                     step_features: bool):
-    """The model's own arguments (the schedule, the unit and the pooling check theirs)."""
+                     step_features: bool, use_rel_pos: bool, rel_pos_kernel: Optional[str]):
+    """The model's own arguments (the schedule, the unit, the pooling and the attention check theirs)."""
+    if check_kernel(rel_pos_kernel) is not None and not use_rel_pos:
+        raise ValueError(f"rel_pos_kernel={rel_pos_kernel!r} chooses the relative-position attention's kernel, and this "
+                         f"model has none: use use_rel_pos=True, or rel_pos_kernel=None")
     if embed_dim % num_heads != 0:
         raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
     if weight_init not in WEIGHT_INITS:
@@ -162,6 +165,9 @@ class SRViT(nn.Module):
             drop-path schedule). None: ``default_global_attn_indexes`` (its docstring says why).
         use_rel_pos: ViTDet's decomposed relative positions, zero-initialised, one table pair
             per block and attention extent (see ``attention.RelPosAttention``).
+        rel_pos_kernel: with ``use_rel_pos``, the relative-position kernel every attention call
+            runs (one of ``rel_pos.KERNELS``, e.g. to time ``bias`` or ``flex`` on a GPU); None
+            (default): the device's choice (``rel_pos.choose_kernel``).
         ordinary_blocks: the ordinary first and last blocks around the recursive units (the
             paper's S-...-S layout); False for bViT, whose only unit is the shared block.
         step_features: feature indices (``feature_info``, ``forward_intermediates``,
@@ -200,9 +206,11 @@ class SRViT(nn.Module):
         pos_embed_interp: str = "bicubic", weight_init: str = "",
         window_size: int = 0, global_attn_indexes: Optional[Sequence[int]] = None, use_rel_pos: bool = False,
         ordinary_blocks: bool = True, step_features: bool = False, token_merge_ratio: float = 0.0,
+        rel_pos_kernel: Optional[str] = None,
     ):
         super().__init__()
-        _check_arguments(embed_dim, num_heads, weight_init, aggregation, num_steps, step_features)
+        _check_arguments(embed_dim, num_heads, weight_init, aggregation, num_steps, step_features, use_rel_pos,
+                         rel_pos_kernel)
         self.schedule = build_schedule(resolve_layout(layout, num_middle_blocks), num_steps, ordinary_blocks,
                                        step_features, drop_path_rate, window_size, global_attn_indexes)
         class_token = carries_class_token(window_size, use_rel_pos)
@@ -211,7 +219,7 @@ class SRViT(nn.Module):
         self.global_pool, self.distilled = global_pool, distilled
         self.num_features = self.embed_dim = self.head_hidden_size = embed_dim
         self.num_prefix_tokens = (2 if distilled else 1) if class_token else 0
-        self.use_rel_pos, self.pos_embed_interp = use_rel_pos, pos_embed_interp
+        self.use_rel_pos, self.rel_pos_kernel, self.pos_embed_interp = use_rel_pos, rel_pos_kernel, pos_embed_interp
         self.weight_init, self.zero_init_recursion = weight_init, zero_init_recursion
         self.distilled_training = False  # DeiT: return (cls, dist) logits in training when set
         self.grad_checkpointing = False
@@ -244,6 +252,7 @@ class SRViT(nn.Module):
             if isinstance(b.attn, RelPosAttention):
                 window, has_global = self.schedule.extents(unit, j)
                 b.attn.add_rel_pos_tables(window, self.patch_embed.grid_size if has_global else None)
+                b.attn.rel_pos_kernel = self.rel_pos_kernel
         return blocks
 
     # ----------------------------------------------------------------- the schedule's view
