@@ -1,8 +1,6 @@
 """One application of a block's attention over the patch grid: timm's ``Attention`` in ViTDet's
-windows or globally, with decomposed relative positions when the block is a
-``RelPosAttention`` (one table pair per extent it is applied at). Windows and relative
-positions work on patch tokens only: a model that uses them carries no class token.
-"""
+windows or globally, with decomposed relative positions when the block is a ``RelPosAttention``.
+Windows and relative positions work on patch tokens only."""
 import math
 from typing import Optional, Tuple
 
@@ -15,8 +13,7 @@ from .rel_pos import check_kernel, is_rel_pos, rel_pos_attention
 from .rules import NO_CLASS_TOKEN
 from .window import merge_windows, window_qkv
 
-# leaves for FX where they are called (torch.fx.wrap patches the calling module's globals):
-# their loops and padding are sized in Python from the input's shape
+# leaves for FX where they are called (their loops and padding are sized in Python)
 torch.fx.wrap("rel_pos_attention")
 torch.fx.wrap("window_qkv")
 torch.fx.wrap("merge_windows")
@@ -63,6 +60,7 @@ class RelPosAttention(Attention):
 
     @torch.no_grad()
     def reset_rel_pos(self):
+        """Zero every relative-position table (their initial value)."""
         for name, p in self.named_parameters():
             if is_rel_pos(name):
                 p.zero_()
@@ -75,10 +73,19 @@ class RelPosAttention(Attention):
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
                 grid: Optional[Tuple[int, int]] = None, window_size: Optional[int] = None) -> torch.Tensor:
-        """timm ``Attention``'s call, so that ``block(x)`` works on every block: x is (B, h*w, D)
-        tokens of the (h, w) patch grid ``grid`` (default: square), attended within windows of
-        ``window_size`` or (0) over the whole grid (default: globally if the block has global
-        tables, else in its windows). The model calls ``grid_attention`` with both given."""
+        """timm ``Attention``'s call, so that ``block(x)`` works on every block (the model calls
+        ``grid_attention`` itself).
+
+        Args:
+            x: (B, h*w, D) patch tokens.
+            attn_mask, is_causal: timm's; refused (a ValueError).
+            grid: the (h, w) patch grid; None: square.
+            window_size: windows of this size, or 0: the whole grid; None: globally where the
+                block has global tables, else in its windows.
+
+        Returns:
+            The (B, h*w, D) output.
+        """
         if attn_mask is not None or is_causal:
             raise ValueError("relative-position attention takes no attention mask and is not causal (token "
                              "merging's bias needs global attention without relative positions)")
@@ -95,8 +102,7 @@ class RelPosAttention(Attention):
 @torch.fx.wrap
 @register_notrace_function
 def check_patch_tokens(x: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
-    """``x`` unchanged if its tokens form the (h, w) patch grid, else a clear error. A leaf for
-    FX (the test is Python control flow on the input's size), kept in the graph by returning ``x``."""
+    """``x`` unchanged if its tokens form the (h, w) patch grid, else a ValueError. A leaf for FX."""
     if x.shape[1] != grid[0] * grid[1]:
         raise ValueError(f"{x.shape[1]} tokens do not form the {grid[0]}x{grid[1]} patch grid: {NO_CLASS_TOKEN}")
     return x
@@ -104,11 +110,22 @@ def check_patch_tokens(x: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
 
 def grid_attention(attn: Attention, x: torch.Tensor, grid: Optional[Tuple[int, int]],
                    window_size: int = 0) -> torch.Tensor:
-    """The grid path of a block's attention: timm's ``Attention`` (same parameters, same result
-    as its ``forward``; its q/k norms and output norm apply as there) over the (B, h*w, D) patch
-    tokens of an (h, w) grid, within ViTDet's windows of ``window_size`` (the grid padded to whole
-    windows, see ``window_qkv``) or (0) over the whole grid; with decomposed relative positions
-    when ``attn`` is a ``RelPosAttention``."""
+    """The grid path of a block's attention: timm's ``Attention`` (its result, norms included)
+    within ViTDet's windows or over the whole grid, with decomposed relative positions when
+    ``attn`` is a ``RelPosAttention`` (run by its ``rel_pos_kernel``).
+
+    Args:
+        attn: the block's attention.
+        x: (B, h*w, D) patch tokens.
+        grid: the (h, w) patch grid.
+        window_size: windows of this size (the grid padded to whole windows), or 0: the whole grid.
+
+    Returns:
+        The (B, h*w, D) output.
+
+    Raises:
+        ValueError: no ``grid``, or tokens that do not form it (a class token).
+    """
     if grid is None:
         raise ValueError("windowed attention and relative positions need the patch grid: call the unit as "
                          "unit(x, grid=(h, w)) (SRViT passes it)")
@@ -127,5 +144,6 @@ def grid_attention(attn: Attention, x: torch.Tensor, grid: Optional[Tuple[int, i
                               kernel=attn.rel_pos_kernel)
     else:
         x = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-    x = attn.norm(merge_windows(x, grid, window_size) if window_size else x.transpose(1, 2).reshape(B, N, attn.attn_dim))
+    x = merge_windows(x, grid, window_size) if window_size else x.transpose(1, 2).reshape(B, N, attn.attn_dim)
+    x = attn.norm(x)
     return attn.proj_drop(attn.proj(x))

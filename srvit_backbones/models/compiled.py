@@ -1,13 +1,7 @@
-"""``torch.compile`` of the dense-feature path (``SRViT.forward_feature_maps``), the one switch
-every framework adapter passes on: ``compile`` of detectron2's ``SRViTBackbone``
-(``model.backbone.net.compile``) and of the OpenMMLab one (``model.backbone.compile`` in mmdet
-and mmseg configs). Only the backbone is compiled: its graph has no data-dependent shapes (a
-fixed input size gives one graph), whereas a detector's heads (proposals, sampling, NMS) do.
-
-The compiled function is a module-level one that takes the model as an argument, so nothing
-compiled is held by a model: a deep copy (an EMA model) or a loaded checkpoint runs its own
-weights, and dynamo (which inlines modules' code and guards on their attributes) shares the
-graph between models of the same shape.
+"""``torch.compile`` of the dense-feature path (``SRViT.forward_feature_maps``), the ``compile``
+switch of every framework adapter. Only the backbone is compiled (a detector's heads have
+data-dependent shapes). The compiled function is a module-level one that takes the model, so no
+model holds it: a deep copy (an EMA model) runs its own weights, and models of one shape share a graph.
 """
 import inspect
 from collections.abc import Mapping
@@ -21,8 +15,18 @@ CompileSetting = Union[bool, Mapping, None]
 
 
 def compile_options(compile: CompileSetting) -> Optional[Dict]:
-    """torch.compile's keyword arguments for the setting (None: eager); a ValueError naming the
-    accepted values, or the argument torch.compile does not take."""
+    """torch.compile's keyword arguments of a ``compile`` setting.
+
+    Args:
+        compile: False / None (eager), True (torch.compile's defaults) or a dict of its arguments.
+
+    Returns:
+        The keyword arguments, or None for eager.
+
+    Raises:
+        ValueError: another value, or an argument torch.compile does not take; the message
+            names the accepted values.
+    """
     if compile is None or compile is False:
         return None
     if compile is True:

@@ -1,8 +1,6 @@
-"""Named SR-ViT variants (paper Table 2), bViT, and their timm registration.
-
-After ``import srvit_backbones``, ``timm.create_model('srvit_s_t3', ...)`` works. No
-weights are hosted: load a local file with
-``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``.
+"""Named SR-ViT variants (paper Table 2), bViT, and their timm registration: after
+``import srvit_backbones``, ``timm.create_model('srvit_s_t3', ...)`` works. No weights are hosted:
+``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))`` loads a file.
 """
 from functools import partial
 from typing import Any, Callable, Dict, Optional
@@ -42,7 +40,7 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
 
 
 def variant_args(name: str) -> Dict[str, Any]:
-    """Constructor arguments of a named variant (a copy), with a clear error for typos."""
+    """Constructor arguments of a named variant (a copy); a ValueError listing the variants for another name."""
     if name not in VARIANTS:
         raise ValueError(f"unknown SR-ViT variant {name!r}; known variants: {', '.join(VARIANTS)}")
     return dict(VARIANTS[name])
@@ -60,20 +58,33 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 default_cfgs = generate_default_cfgs({name: _cfg() for name in VARIANTS})
 
 
-#: timm's ``pretrained_filter_fn`` of every variant: ``srvit_backbones.checkpoint.checkpoint_filter_fn``,
-#: set by that module when the package is imported (the core imports nothing of the package)
+#: timm's ``pretrained_filter_fn`` of every variant (``set_checkpoint_filter``)
 _checkpoint_filter: Optional[Callable[..., Dict[str, Any]]] = None
 
 
 def set_checkpoint_filter(fn: Callable[..., Dict[str, Any]]):
-    """Make ``fn(state_dict, model, allow_partial)`` the filter timm applies to pretrained weights."""
+    """Make ``fn(state_dict, model, allow_partial)`` the filter timm applies to pretrained weights
+    (the package sets ``checkpoint.checkpoint_filter_fn``: the core imports nothing of it)."""
     global _checkpoint_filter
     _checkpoint_filter = fn
 
 
 def create_srvit(variant: str, pretrained: bool = False, **kwargs) -> SRViT:
-    """Build a named variant; ``kwargs`` override its arguments (``num_steps``, ``layout``, ...)
-    or are timm's (``features_only``, ``out_indices``, ``pretrained_cfg_overlay``)."""
+    """Build a named variant through timm's ``build_model_with_cfg``.
+
+    Args:
+        variant: a name of ``VARIANTS``.
+        pretrained: load the weights of ``pretrained_cfg_overlay=dict(file=PATH)``.
+        kwargs: ``SRViT`` arguments overriding the variant's (``num_steps``, ``layout``, ...) or
+            timm's (``features_only``, ``out_indices``, ``pretrained_cfg_overlay``,
+            ``pretrained_strict``: False loads a partial checkpoint).
+
+    Returns:
+        The model (a feature getter with ``features_only``).
+
+    Raises:
+        ValueError: an unknown variant or argument values the model refuses.
+    """
     args = variant_args(variant)
     args.update(kwargs)
     layout = resolve_layout(args["layout"], args["num_middle_blocks"])

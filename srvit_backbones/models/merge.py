@@ -1,16 +1,8 @@
-"""Token merging inside a recursive unit (ToMe's bipartite soft matching, MergeOver's schedule).
-
-A recursive unit applies its blocks T times to the same tokens, so merging once at the
-unit's entry saves the attention and MLP cost of every step, and unmerging at its exit gives
-the next unit (and the dense heads) the full grid back. Algorithm of Bolya et al., "Token
-Merging: Your ViT but Faster" (ICLR 2023), written here from the paper: patch tokens are
-split alternately into sets A and B; every A token is matched to its most similar B token
-(cosine similarity); the ``r`` best-matched A tokens are averaged into their B partners
-(one merge per unit: MergeOver's single shot at the unit's entry, the length then fixed
-through all T steps). The size of a token (how many it stands for) is kept: attention adds
-``log(size)`` to the logits of every key (proportional attention), so a merged token keeps the
-mass of the tokens it replaced. Prefix (class / distillation) tokens are neither merged nor
-merged into.
+"""Token merging inside a recursive unit: ToMe's bipartite soft matching (Bolya et al., ICLR 2023)
+once at the unit's entry (MergeOver), which saves every step's cost; unmerging at the exit gives
+the next unit the full grid back. Patch tokens split alternately into sets A and B; the ``r`` A
+tokens most similar (cosine) to a B token are averaged into it; attention adds log(size) to every
+key's logits (proportional attention). Prefix tokens are neither merged nor merged into.
 """
 import torch
 
@@ -22,9 +14,11 @@ class BipartiteMerge:
 
     Args:
         metric: (B, N, C) features whose cosine similarity decides the matching.
-        ratio: fraction of the patch tokens to remove, 0 <= ratio <= 0.5 (each A token can
-            merge only once, and A holds half the patch tokens).
+        ratio: fraction of the patch tokens to remove, 0 <= ratio <= 0.5 (A holds half of them).
         num_prefix_tokens: leading tokens that are kept as they are.
+
+    Raises:
+        ValueError: a ratio out of [0, 0.5].
     """
 
     def __init__(self, metric: torch.Tensor, ratio: float, num_prefix_tokens: int = 0):
@@ -58,8 +52,7 @@ class BipartiteMerge:
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, C) -> (B, N - r, C): the prefix tokens, the kept A tokens, then the B tokens
-        with the A tokens merged into them averaged in. Every entry token stands for itself
-        alone (merging starts afresh at each unit), so the size-weighted mean is sum / size."""
+        averaged with those merged into them (every entry token stands for itself: sum / size)."""
         return self._sum(x) / self.size.to(x.dtype)
 
     def _sum(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,13 +1,8 @@
-"""The schedule of block applications, SR-ViT's one idea in one list: a few shared blocks applied
-T times. Every application says which block of which unit runs at which recursion step, with
-which stochastic-depth rate, windowed or global. It is built once from the model's arguments
-and is the model's single statement of its depth, windows, feature points and recursive units:
-the units run their applications, and ``set_num_steps``, the relative-position tables, the
-features and the effective depth all read it.
-
-Applications are numbered in model order, step-major within a unit (unit 1: step 0's blocks
-1..K, then step 1's, ...): the order of the drop-path schedule and of ``global_attn_indexes``.
-"""
+"""The schedule of block applications: which block of which unit runs at which recursion step,
+with which drop-path rate, windowed or global. Built once from the model's arguments, it is the
+model's one statement of its depth, windows, feature points and recursive units. Applications
+are numbered in model order, step-major within a unit (the order of the drop-path schedule and
+of ``global_attn_indexes``)."""
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -36,11 +31,9 @@ class Application:
 
 @dataclass(frozen=True)
 class Schedule:
-    """Every block application of a model, the (unit, step) of every feature index (step -1:
-    the unit's output), and the arguments they were made from (``with_num_steps`` remakes them).
-
-    ``plan`` is what runs: (K, T) of every unit, fewer units or steps than the arguments give
-    once the model is pruned (``restricted``)."""
+    """Every block application of a model, the (unit, step) of every feature index (step -1: the
+    unit's output) and the arguments they were made from. ``plan`` is what runs: (K, T) of every
+    unit, fewer units or steps once the model is pruned (``restricted``)."""
 
     layout: Tuple[int, ...]  # sizes K of the recursive units
     num_steps: int  # T of every recursive unit
@@ -64,6 +57,7 @@ class Schedule:
 
     @property
     def global_indexes(self) -> Tuple[int, ...]:
+        """The applications that attend over the whole grid."""
         return tuple(a.index for a in self.applications if not a.window_size)
 
     @property
@@ -79,8 +73,8 @@ class Schedule:
 
     @property
     def default_feature_indices(self) -> Tuple[int, ...]:
-        """The features dense heads take by default (``default_out_indices``): of a pruned model
-        those it still has; with ``step_features`` the quarters of the steps it runs."""
+        """The features dense heads take by default (``default_out_indices``; of a pruned model
+        those it still has; with ``step_features`` the quarters of the steps it runs)."""
         if self.step_features:
             return quarter_indices(len(self.features))
         defaults = default_out_indices(self.layout, self.num_steps, self.ordinary_blocks)
@@ -88,19 +82,10 @@ class Schedule:
 
     @property
     def default_global_indexes(self) -> Tuple[int, ...]:
-        """Block applications that stay global when windowed attention is on by default: the
-        *first* application of every unit that ``default_out_indices`` returns (the units that
-        feed the dense heads), and the model's last application (``last_feat``, the Simple
-        Feature Pyramid's input).
-
-        Why: ViTDet keeps one global block at the end of each quarter of the network (2, 5, 8,
-        11), and this rule gives exactly those for the DeiT layout (T=1). In a recursive unit the
-        global application comes first, so that every step output the router mixes (all of which
-        build on step 1) has exchanged information across the whole image once in this unit; a
-        global last application would reach only step T's output. SR-ViT-S T=3: applications
-        1, 13, 22, 28, 31 of 32 are global. With ``step_features`` (bViT) the first application
-        of every step that ``default_out_indices`` returns stays global (steps 3/6/9/12 of 12).
-        """
+        """The applications that stay global by default with windows: the first of every unit (with
+        ``step_features``, step) that feeds the dense heads, and the model's last (``last_feat``).
+        ViTDet's rule for the DeiT layout; a recursive unit's first, so that every step the router
+        mixes has attended globally once (docs/models.md)."""
         first = {}
         for a in self.applications:
             first.setdefault((a.unit, a.step), a.index)
@@ -114,9 +99,8 @@ class Schedule:
         return max(own), not all(own)
 
     def restricted(self, plan: Plan) -> "Schedule":
-        """The schedule of a model cut to ``plan`` (fewer units, fewer steps in the last one):
-        the applications and feature points that still run, as they were (rates and windows of
-        the whole model)."""
+        """The schedule of a model cut to ``plan`` (fewer units, fewer steps in the last one): the
+        applications and feature points that still run, with the whole model's rates and windows."""
         plan = tuple(plan)
 
         def runs(unit: int, step: int) -> bool:  # step -1: the unit's output
@@ -128,9 +112,8 @@ class Schedule:
 
     def with_num_steps(self, num_steps: int) -> "Schedule":
         """The schedule of the same units run ``num_steps`` times each (``SRViT.set_num_steps``):
-        rates over the new depth; with windows, the default global applications of that depth
-        (indexes given explicitly, or those of a pruned model, number another depth's
-        applications and are refused)."""
+        rates and default global applications of the new depth; a ValueError where the global
+        applications were given explicitly or the model is pruned (they number another depth)."""
         check_num_steps(num_steps)
         if self.window_size and (self.pruned or not self.default_global):
             raise ValueError("global_attn_indexes number the block applications of one depth; build the model "
@@ -166,10 +149,15 @@ DENSE_LEVELS = 4
 
 def default_out_indices(layout: Sequence[int], num_steps: int = 1, ordinary_blocks: bool = True,
                         step_features: bool = False) -> Tuple[int, ...]:
-    """Dense-prediction default: the recursive units' outputs, where there are at most
-    DENSE_LEVELS of them (SR-ViT's 3 or 4 units); otherwise the features at the quarters of the
-    network, ViTDet's rule: layers 3/6/9/12 of a plain 12-block ViT (DeiT: 10 units of one
-    block between the ordinary ones), bViT's steps 3/6/9/12 of 12 (``step_features``)."""
+    """The feature indices dense heads take by default.
+
+    Args:
+        layout, num_steps, ordinary_blocks, step_features: the model's (``SRViT``'s).
+
+    Returns:
+        The recursive units, where there are at most DENSE_LEVELS (SR-ViT); else the features
+        at the quarters of the network, ViTDet's rule (DeiT's layers, bViT's steps 3/6/9/12).
+    """
     plan = unit_plan(layout, num_steps, ordinary_blocks)
     if step_features:
         return quarter_indices(sum(t for _, t in plan))
@@ -189,10 +177,20 @@ def default_global_attn_indexes(layout: Sequence[int], num_steps: int, ordinary_
 def build_schedule(layout: Sequence[int], num_steps: int, ordinary_blocks: bool = True, step_features: bool = False,
                    drop_path_rate: float = 0.0, window_size: int = 0,
                    global_attn_indexes: Optional[Sequence[int]] = None) -> Schedule:
-    """The schedule of a model of these arguments (``SRViT``'s): drop-path rates linear from 0 to
-    ``drop_path_rate`` over the effective depth; windows of ``window_size`` except at
-    ``global_attn_indexes`` (None: ``Schedule.default_global_indexes``; all global when
-    ``window_size`` is 0)."""
+    """The schedule of a model.
+
+    Args:
+        layout, num_steps, ordinary_blocks, step_features: the model's (``SRViT``'s).
+        drop_path_rate: the last application's rate (linear from 0 over the effective depth).
+        window_size: windows of every application but the global ones; 0: all global.
+        global_attn_indexes: the global applications; None: ``Schedule.default_global_indexes``.
+
+    Returns:
+        The ``Schedule``.
+
+    Raises:
+        ValueError: T < 1, a negative window, or a global index out of range.
+    """
     check_num_steps(num_steps)
     check_window_size(window_size)
     given = None if global_attn_indexes is None else list(global_attn_indexes)
@@ -202,9 +200,8 @@ def build_schedule(layout: Sequence[int], num_steps: int, ordinary_blocks: bool 
 
 
 def _laid_out(schedule: Schedule, plan: Plan, global_attn_indexes: Optional[List[int]]) -> Schedule:
-    """``schedule`` with the applications and features of ``plan``: first every application
-    global, then the windows, which may depend on the default global applications of that
-    structure."""
+    """``schedule`` with the applications and features of ``plan``: all global first, then the
+    windows (which may depend on the default global applications of that structure)."""
     plan = tuple((k, t) for k, t in plan)
     depth = sum(k * t for k, t in plan)
     wrong = [i for i in global_attn_indexes or () if not is_int_in(i, 0, depth)]

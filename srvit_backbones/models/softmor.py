@@ -1,9 +1,6 @@
-"""The SoftMoR unit (paper Algorithm 1): K shared blocks applied for T recursion steps,
-mixed token-wise by a soft router computed on the unit's input.
-
-Traceable as timm's ViT is: FX (the router's autocast guard is a leaf function), TorchScript
-(global attention; no module is passed to a function there) and torch.export.
-"""
+"""The SoftMoR unit (paper Algorithm 1): K shared blocks applied for T recursion steps, mixed
+token-wise by a soft router computed on the unit's input. Traceable with FX, TorchScript (global
+attention) and torch.export."""
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -24,15 +21,24 @@ AGGREGATIONS = ("soft", "hard", "last")
 def apply_block(block: nn.Module, x: torch.Tensor, drop_prob: float, training: bool,
                 grid: Optional[Tuple[int, int]] = None, window_size: int = 0,
                 attn_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """One application of a timm ViT ``Block`` with its own stochastic-depth rate and window.
-
-    A shared block runs at several depths, so its drop-path rate and whether its attention is
-    windowed belong to the application, not to the module (the block itself is built with
-    drop_path=0). Attention takes one of two paths: timm's ``Attention`` as it is (global,
-    without relative positions; ``attn_bias``, token merging's proportional attention, as its
-    ``attn_mask``), or the grid path (``attention.grid_attention``) for windows of
-    ``window_size`` > 0 over the (h, w) patch grid ``grid`` and for relative positions. With
+    """One application of a timm ViT ``Block`` (built with drop_path=0): a shared block runs at
+    several depths, so its drop-path rate and window belong to the application. With
     ``drop_prob=0`` and global attention this is exactly ``block(x)``.
+
+    Args:
+        block: the block.
+        x: (B, N, D) tokens.
+        drop_prob: the application's stochastic-depth rate.
+        training: whether drop-path is active.
+        grid: the (h, w) patch grid, for windows and relative positions (``attention.grid_attention``).
+        window_size: the application's window; 0: global attention.
+        attn_bias: token merging's proportional attention, timm ``Attention``'s ``attn_mask``.
+
+    Returns:
+        The (B, N, D) output.
+
+    Raises:
+        ValueError: an ``attn_bias`` with windows or relative positions.
     """
     attn = block.attn
     if window_size or isinstance(attn, RelPosAttention):
@@ -51,8 +57,7 @@ def apply_block(block: nn.Module, x: torch.Tensor, drop_prob: float, training: b
 @register_notrace_function
 def router_softmax(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """softmax(x W^T + b) over the last dimension in float32 (float64 for a float64 model), also
-    under autocast. A leaf for FX: ``torch.autocast`` needs the device type as a string, which a
-    traced tensor does not give."""
+    under autocast. A leaf for FX (autocast needs the device type, which a traced tensor lacks)."""
     dtype = torch.promote_types(x.dtype, torch.float32)
     if torch.jit.is_scripting():  # TorchScript has no autocast region to leave
         return F.linear(x.to(dtype), weight.to(dtype), bias.to(dtype)).softmax(dim=-1)
@@ -65,23 +70,22 @@ class SoftMoRUnit(nn.Module):
 
     Args:
         blocks: the K blocks (timm ``Block`` modules, built with drop_path=0).
-        applications: what the unit runs, step-major: K * T ``schedule.Application``s, each
-            with its stochastic-depth rate and window (0 = global attention), as
-            ``Schedule.of_unit`` gives them (for a unit of its own:
-            ``build_schedule((K,), T, ordinary_blocks=False).applications``). T=1 is a plain
-            stack with no extra parameters. Windowed applications, and blocks with relative
-            positions, need the unit called with the patch grid, ``unit(x, grid=(h, w))``, on
-            patch tokens only.
-        aggregation: ``soft`` (the method), ``hard`` (each token keeps its highest-scoring
-            step), or ``last`` (naive recursion: the output of step T, no router).
+        applications: K * T ``schedule.Application``s, step-major, each with its drop-path rate
+            and window, as ``Schedule.of_unit`` gives them (a unit of its own:
+            ``build_schedule((K,), T, ordinary_blocks=False).applications``). Windows and
+            relative positions need the unit called with the patch grid, ``unit(x, grid=(h, w))``.
+        aggregation: ``soft`` (the method), ``hard`` (each token keeps its highest-weighted
+            step) or ``last`` (the output of step T, no router).
         step_transforms: a residual Linear(D, D) before every step after the first.
         zero_init: router and step transforms start at zero (uniform mixture, identity
-            transforms); otherwise they get a small truncated-normal init.
-        token_merge_ratio: merge this fraction of the patch tokens at the unit's entry, run
-            all T steps and the router on the reduced set, unmerge at the exit (see
-            ``merge.BipartiteMerge``); 0 (default) = off. Needs the unit called with ``grid``
-            (the prefix tokens are those before the grid) and global attention without
-            relative positions.
+            transforms), else with a small truncated-normal init.
+        token_merge_ratio: merge this fraction of the patch tokens at the unit's entry, run the
+            T steps and the router on them and unmerge at the exit (``merge.BipartiteMerge``);
+            0 (default): off. Needs ``grid`` and global attention without relative positions.
+
+    Raises:
+        ValueError: no blocks, an unknown aggregation, applications out of order, or merging
+            with windows or relative positions.
     """
 
     __jit_ignored_attributes__ = ["applications"]  # Python-side; TorchScript reads the lists derived from it
@@ -128,8 +132,7 @@ class SoftMoRUnit(nn.Module):
         return steps
 
     def _run(self, applications: Sequence[Application]):
-        """The one writer of what the unit runs: its applications and what the forward pass
-        reads of them (T, and per application the drop-path rate and the window)."""
+        """The one writer of what the unit runs: its applications, T, and their rates and windows."""
         self.num_steps = self._steps_of(applications)
         self.applications = tuple(applications)
         self.drop_path_rates = [a.drop_path_rate for a in self.applications]
@@ -149,16 +152,15 @@ class SoftMoRUnit(nn.Module):
             nn.init.zeros_(layer.bias)
 
     def set_token_merge_ratio(self, ratio: float):
-        """Merge ``ratio`` of the patch tokens at the unit's entry (0 = off); an inference
-        option that needs no retraining (MergeOver)."""
+        """Merge ``ratio`` of the patch tokens at the unit's entry (0 = off; no retraining needed)."""
         ratio = check_merge_ratio(ratio)
         if ratio:
             check_merging_allowed(any(self.window_sizes), any(isinstance(b.attn, RelPosAttention) for b in self.blocks))
         self.token_merge_ratio = ratio
 
     def check_applications(self, applications: Sequence[Application]):
-        """Refuse ``applications`` that these weights cannot run: another T where the unit's
-        parameters depend on T (a router, step transforms)."""
+        """Refuse ``applications`` that these weights cannot run: another T where the parameters
+        depend on T (a router, step transforms), with a ValueError that says so."""
         steps = self._steps_of(applications)
         if steps == self.num_steps:
             return
@@ -177,9 +179,8 @@ class SoftMoRUnit(nn.Module):
         self._run(applications)
 
     def truncate(self, applications: Sequence[Application]):
-        """Keep only the first steps, those of ``applications`` (a prefix of the unit's), dropping
-        the later steps' transforms: a backbone whose last feature is an earlier step of a unit
-        whose output is its last step (no router)."""
+        """Keep only the steps of ``applications`` (a prefix of the unit's) and their transforms:
+        a backbone whose last feature is an earlier step of a unit without a router."""
         if self.router is not None:
             raise ValueError("a unit with a router mixes all its T steps: its steps cannot be truncated")
         if tuple(applications) != self.applications[:len(applications)]:
@@ -193,8 +194,8 @@ class SoftMoRUnit(nn.Module):
         return len(self.blocks)
 
     def __prepare_scriptable__(self):
-        """``torch.jit.script``'s hook: scripted blocks attend globally (TorchScript cannot pass
-        a block to ``apply_block``), so a unit with windows or relative positions is refused."""
+        """``torch.jit.script``'s hook: a unit with windows, relative positions or merging is refused
+        (scripted blocks attend globally: TorchScript cannot pass a block to ``apply_block``)."""
         if any(self.window_sizes) or any(isinstance(b.attn, RelPosAttention) for b in self.blocks):
             raise RuntimeError("TorchScript supports SR-ViT with global attention only (window_size=0, "
                                "use_rel_pos=False); trace a windowed model with torch.fx, or torch.export at a "
@@ -210,13 +211,11 @@ class SoftMoRUnit(nn.Module):
             app = step * self.num_blocks + k
             rate, window = self.drop_path_rates[app], self.window_sizes[app]
             if torch.jit.is_scripting():
-                # apply_block for a global application, written out: TorchScript cannot take a
-                # module as a function argument (``__prepare_scriptable__`` refuses windows)
+                # apply_block of a global application: TorchScript cannot pass a module to a function
                 z = z + drop_path(block.ls1(block.attn(block.norm1(z))), rate, self.training)
                 z = z + drop_path(block.ls2(block.mlp(block.norm2(z))), rate, self.training)
             elif self.grad_checkpointing and torch.is_grad_enabled():
-                # Non-reentrant: each *application* is checkpointed, which stays correct when
-                # the same parameters are used several times per forward (and under DDP).
+                # non-reentrant, per application: correct with shared parameters (and under DDP)
                 z = checkpoint(apply_block, block, z, rate, self.training, grid, window, attn_bias,
                                use_reentrant=False)
             else:
@@ -224,9 +223,8 @@ class SoftMoRUnit(nn.Module):
         return z
 
     def _step_input(self, h: torch.Tensor, step: int) -> torch.Tensor:
-        """The input of ``step``: the previous step's output, through its step transform if any.
-        A loop rather than ``self.step_transforms[step - 1]``: TorchScript indexes a ModuleList
-        by literals only."""
+        """The input of ``step``: the previous step's output, through its step transform if any
+        (a loop: TorchScript indexes a ModuleList by literals only)."""
         if self.step_transforms is not None:
             for i, transform in enumerate(self.step_transforms):
                 if i == step - 1:
@@ -238,11 +236,17 @@ class SoftMoRUnit(nn.Module):
         return router_softmax(x, self.router.weight, self.router.bias)
 
     def forward(self, x: torch.Tensor, return_weights: bool = False, grid: Optional[Tuple[int, int]] = None):
-        """x: (B, N, D) -> (B, N, D); with ``return_weights`` also the (B, N, T) mixture
-        weights actually applied (one-hot for ``hard``, None for ``last`` or T=1). ``grid``: the
-        patch grid of the N tokens, needed by windowed applications, relative positions and
-        token merging. TorchScript returns the tokens only (one return type), as timm's
-        distilled ViT does."""
+        """Run the unit.
+
+        Args:
+            x: (B, N, D) tokens.
+            return_weights: also return the (B, N, T) mixture weights applied (one-hot for
+                ``hard``, None for ``last`` or T=1); not under TorchScript (one return type).
+            grid: the patch grid of the tokens, for windows, relative positions and merging.
+
+        Returns:
+            The (B, N, D) output, or (output, weights).
+        """
         if not torch.jit.is_scripting():
             if self.token_merge_ratio > 0:
                 y, applied, _ = self._recur_merged(x, grid, [])
@@ -255,8 +259,8 @@ class SoftMoRUnit(nn.Module):
     @torch.jit.unused
     def forward_steps(self, x: torch.Tensor, steps: List[int],
                       grid: Optional[Tuple[int, int]] = None) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-        """The unit's output and the outputs of the recursion ``steps`` (0-based), for
-        features taken inside a unit (bViT's steps T/4, T/2, 3T/4, T)."""
+        """The unit's output and the outputs of the recursion ``steps`` (0-based): features taken
+        inside a unit (bViT's)."""
         if self.token_merge_ratio > 0:
             y, _, tapped = self._recur_merged(x, grid, list(steps))
         else:
@@ -279,10 +283,9 @@ class SoftMoRUnit(nn.Module):
         alpha = self.router_weights(x)
         applied = alpha
         if self.aggregation == "hard":
-            # Straight-through: the forward value is exactly the argmax step's output (weight
-            # sel / sel.detach() == 1) and the router gets the chosen weight's gradient. Only
-            # the chosen weight is divided, and it is >= 1/T, so a saturated router whose other
-            # weights underflow to 0 stays finite (0 * 0 / 0 would be NaN).
+            # Straight-through: the forward value is the argmax step's output (chosen / chosen.detach()
+            # == 1), the router gets the chosen weight's gradient; dividing only the chosen weight
+            # (>= 1/T) keeps a saturated router finite
             index = alpha.argmax(dim=-1, keepdim=True)
             applied = torch.zeros_like(alpha).scatter_(-1, index, 1.0)
             chosen = alpha.gather(-1, index)
@@ -291,8 +294,7 @@ class SoftMoRUnit(nn.Module):
             weights = alpha
         weights = weights.to(x.dtype)
 
-        # accumulate the mixture in place, one fused op per step: no per-step product and no
-        # stack of the T outputs (autograd keeps only h, needed anyway, and the step's weights)
+        # the mixture accumulated in place, one fused op per step: no stack of the T outputs
         h = self._run_blocks(x, 0, grid, attn_bias)
         if 0 in taps:
             tapped.append(h)
@@ -307,8 +309,8 @@ class SoftMoRUnit(nn.Module):
     @torch.jit.unused
     def _recur_merged(self, x: torch.Tensor, grid: Optional[Tuple[int, int]],
                       taps: List[int]) -> Tuple[torch.Tensor, Optional[torch.Tensor], List[torch.Tensor]]:
-        """``_recur`` on merged tokens: merge at the entry (similarity of the first block's
-        normalised input), proportional attention through all steps, every output unmerged."""
+        """``_recur`` on merged tokens (matched on the first block's normalised input), with
+        proportional attention through all steps, every output unmerged."""
         if grid is None:
             raise ValueError("token merging needs the patch grid to tell prefix tokens from patches: call the "
                              "unit as unit(x, grid=(h, w)) (SRViT passes it)")

@@ -1,19 +1,11 @@
-"""SR-ViT: a DeiT-style ViT whose middle blocks are grouped into SoftMoR units.
+"""SR-ViT: a DeiT-style ViT whose middle blocks are grouped into SoftMoR units (paper Algorithm 1).
 
-Layout (coarse-to-fine, the paper's): an ordinary first block, recursive units of
-decreasing size (R4-R3-R2-R1 for S/B), an ordinary last block. Every block sits in a unit
-(the ordinary ones in units of one block with T=1), so ``model.units[i]`` is the i-th
-stage and feature indices count units: for SR-ViT-S the recursive units are 1..4.
-
-The same module is bViT (one shared block applied T times, the last step's output, no
-ordinary blocks: ``ordinary_blocks=False``, ``aggregation='last'``), whose feature indices
-count recursion steps (``step_features``), and runs MergeOver-style token merging inside its
-recursive units (``token_merge_ratio``).
-
-Traceable as timm's ViT is: FX (``torchvision``/timm feature extraction), TorchScript and
-``torch.export`` with dynamic height and width. The input check and the position-table
-resize decide on the input's size in Python, so they are leaf functions for FX
-(``torch.fx.wrap``, timm's notrace registry) and the resize is unconditional under export.
+An ordinary first block, recursive units of decreasing size (R4-R3-R2-R1 for S/B), an ordinary
+last block; every block sits in a unit, so ``model.units[i]`` is the i-th stage and feature
+indices count units. The same module is bViT (``ordinary_blocks=False``, ``aggregation='last'``,
+``step_features``) and runs token merging inside its recursive units (``token_merge_ratio``).
+Traceable as timm's ViT is (FX, TorchScript, ``torch.export`` with dynamic height and width):
+what decides on the input's size in Python is a leaf function for FX.
 """
 import math
 from functools import partial
@@ -21,8 +13,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-from timm.layers import (Attention, PatchEmbed, is_exporting, register_notrace_function, resample_abs_pos_embed,
-                         trunc_normal_)
+from timm.layers import (
+    Attention,
+    PatchEmbed,
+    is_exporting,
+    register_notrace_function,
+    resample_abs_pos_embed,
+    trunc_normal_,
+)
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import named_apply
 from timm.models.vision_transformer import Block, get_init_weights_vit
@@ -42,8 +40,17 @@ GLOBAL_POOLS = ("token", "avg", "")
 def make_layout(organisation: str, num_middle_blocks: int) -> Tuple[int, ...]:
     """Unit sizes for the blocks between the first and last ordinary blocks.
 
-    coarse_to_fine: (n, n-1, ..., 1), needs a triangular number of blocks (10 -> 4,3,2,1);
-    fine_to_coarse: the reverse; coarse_grained: one unit of all; fine_grained: units of one.
+    Args:
+        organisation: ``coarse_to_fine`` (n, n-1, ..., 1: 10 blocks -> 4, 3, 2, 1),
+            ``fine_to_coarse`` (the reverse), ``coarse_grained`` (one unit of all) or
+            ``fine_grained`` (units of one).
+        num_middle_blocks: the blocks to lay out (triangular for the first two).
+
+    Returns:
+        The unit sizes.
+
+    Raises:
+        ValueError: an unknown organisation, or a block count it cannot lay out.
     """
     if organisation not in ORGANISATIONS:
         raise ValueError(f"layout organisation must be one of {ORGANISATIONS}, got {organisation!r}")
@@ -63,7 +70,8 @@ def make_layout(organisation: str, num_middle_blocks: int) -> Tuple[int, ...]:
 
 
 def resolve_layout(layout: Union[str, Sequence[int]], num_middle_blocks: int) -> Tuple[int, ...]:
-    """The one place a ``layout`` argument (organisation name or unit sizes) becomes unit sizes."""
+    """Unit sizes of a ``layout`` argument: an organisation name (``make_layout``) or the sizes
+    themselves; a ValueError for anything else."""
     if isinstance(layout, str):
         return make_layout(layout, num_middle_blocks)
     layout = tuple(layout)
@@ -74,16 +82,24 @@ def resolve_layout(layout: Union[str, Sequence[int]], num_middle_blocks: int) ->
 
 
 def serves_as_is(old_grid: List[int], new_grid: List[int]) -> bool:
-    """Whether a position table made for ``old_grid`` serves ``new_grid`` without a resize: the
-    same grid, and not under ``torch.export``, where the table is always resampled (an identity
-    at the same size) so that the exported graph does not keep the example input's size."""
+    """Whether a position table made for ``old_grid`` serves ``new_grid`` as it is: the same grid,
+    and not under ``torch.export`` (which must not keep the example input's size)."""
     return not is_exporting() and old_grid[0] == new_grid[0] and old_grid[1] == new_grid[1]
 
 
 def resize_pos_embed(grid_tokens: torch.Tensor, old_grid: List[int], new_grid: List[int],
                      mode: str = "bicubic") -> torch.Tensor:
-    """Resize a (1, h*w, D) position table without prefix tokens; the one resize used at run
-    time (dense inputs) and at load time (checkpoints of another resolution)."""
+    """Resize a (1, h*w, D) position table without prefix tokens, at run time (dense inputs)
+    and at load time (checkpoints of another resolution) alike.
+
+    Args:
+        grid_tokens: the table.
+        old_grid, new_grid: its (h, w) grid and the one wanted.
+        mode: the interpolation (timm's ``resample_abs_pos_embed``).
+
+    Returns:
+        The (1, h'*w', D) table.
+    """
     if serves_as_is(old_grid, new_grid):
         return grid_tokens
     return resample_abs_pos_embed(grid_tokens, new_size=[new_grid[0], new_grid[1]],
@@ -95,9 +111,7 @@ def resize_pos_embed(grid_tokens: torch.Tensor, old_grid: List[int], new_grid: L
 @register_notrace_function
 def check_image_batch(x: torch.Tensor, patch_size: int) -> torch.Tensor:
     """``x`` unchanged if it is a (B, C, H, W) batch with H and W multiples of the patch size,
-    else a ValueError that says how to pad. A leaf for FX (its tests are Python control flow on
-    the input's size) that stays in the traced graph (it returns the input), so FX, TorchScript
-    and eager give the same message."""
+    else a ValueError that says how to pad. A leaf for FX that stays in the traced graph."""
     if x.dim() != 4:
         raise ValueError(f"expected an image batch (B, C, H, W), got shape {list(x.shape)}")
     h, w = x.shape[-2], x.shape[-1]
@@ -114,8 +128,7 @@ def check_image_batch(x: torch.Tensor, patch_size: int) -> torch.Tensor:
 def pos_embed_for_grid(pos_embed: torch.Tensor, num_prefix_tokens: int, old_grid: Tuple[int, int],
                        new_grid: Tuple[int, int], mode: str) -> torch.Tensor:
     """The (1, prefix + h*w, D) position table for a (h, w) patch grid: the table itself at its
-    own grid, else its grid part resized (``resize_pos_embed``). A leaf for FX: whether to
-    resize is decided on the input's size."""
+    own grid, else its grid part resized (``resize_pos_embed``). A leaf for FX."""
     if serves_as_is([old_grid[0], old_grid[1]], [new_grid[0], new_grid[1]]):
         return pos_embed
     n = num_prefix_tokens
@@ -127,8 +140,8 @@ def _check_arguments(embed_dim: int, num_heads: int, weight_init: str, aggregati
                      step_features: bool, use_rel_pos: bool, rel_pos_kernel: Optional[str]):
     """The model's own arguments (the schedule, the unit, the pooling and the attention check theirs)."""
     if check_kernel(rel_pos_kernel) is not None and not use_rel_pos:
-        raise ValueError(f"rel_pos_kernel={rel_pos_kernel!r} chooses the relative-position attention's kernel, and this "
-                         f"model has none: use use_rel_pos=True, or rel_pos_kernel=None")
+        raise ValueError(f"rel_pos_kernel={rel_pos_kernel!r} chooses the relative-position attention's kernel, and "
+                         f"this model has none: use use_rel_pos=True, or rel_pos_kernel=None")
     if embed_dim % num_heads != 0:
         raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
     if weight_init not in WEIGHT_INITS:
@@ -144,49 +157,44 @@ def _check_arguments(embed_dim: int, num_heads: int, weight_init: str, aggregati
 class SRViT(nn.Module):
     """Soft Mixture-of-Recursions Vision Transformer (timm-style model).
 
+    Windowed attention and relative positions are ViTDet's dense-prediction options: with them
+    the model carries no class token (a checkpoint's class-token position is dropped on load),
+    attention and the router see patch tokens only, and the classifier averages them.
+
     Args:
-        layout: sizes K of the recursive units between the first and last ordinary blocks,
-            or an organisation name (see ``make_layout``) resolved with ``num_middle_blocks``.
-        num_steps: recursion depth T for every recursive unit (T=1: a plain ViT, e.g. DeiT).
-        aggregation / step_transforms / zero_init_recursion: see ``SoftMoRUnit``.
-        distilled: add a DeiT distillation token and head.
-        drop_path_rate: stochastic depth, linearly scheduled over the effective depth.
-        pos_embed_interp: interpolation used to resize the position embedding, at run time
-            and when a checkpoint of another resolution is loaded.
-        weight_init: timm's ViT init modes: '' (timm), 'jax', 'jax_nlhb', 'moco'.
+        img_size, patch_size, in_chans, num_classes, embed_dim, num_heads, mlp_ratio, qkv_bias,
+            drop_rate, proj_drop_rate, attn_drop_rate: as timm's ``VisionTransformer``.
         global_pool: 'token' (the class token), 'avg' (mean of the patch tokens) or '' (no
             pooling); None: 'token' if the model carries a class token, else 'avg'.
-        window_size: ViTDet-style window attention: > 0 attends within windows of this many
-            patches (the grid zero-padded to multiples of it, as ViTDet pads) in every block
-            application but the ``global_attn_indexes``; 0 (default): global attention
-            everywhere, the paper's model.
-        global_attn_indexes: with ``window_size`` > 0, the block applications that stay global,
-            numbered over the effective depth (0 .. D_eff-1, step-major within each unit, as the
-            drop-path schedule). None: ``default_global_attn_indexes`` (its docstring says why).
-        use_rel_pos: ViTDet's decomposed relative positions, zero-initialised, one table pair
-            per block and attention extent (see ``attention.RelPosAttention``).
-        rel_pos_kernel: with ``use_rel_pos``, the relative-position kernel every attention call
-            runs (one of ``rel_pos.KERNELS``, e.g. to time ``bias`` or ``flex`` on a GPU); None
-            (default): the device's choice (``rel_pos.choose_kernel``).
-        ordinary_blocks: the ordinary first and last blocks around the recursive units (the
-            paper's S-...-S layout); False for bViT, whose only unit is the shared block.
-        step_features: feature indices (``feature_info``, ``forward_intermediates``,
-            ``features_only``) count the recursion steps of every unit instead of the units,
-            as a DeiT's count its layers (bViT: steps 3/6/9/12 of 12). Needs units whose
-            output is their last step (``aggregation='last'``).
-        token_merge_ratio: MergeOver-style token merging, an inference option that needs no
-            retraining: each recursive unit merges this fraction of the patch tokens at its
-            entry (ToMe's bipartite matching), runs its T steps and router on the reduced set
-            with proportional attention and unmerges at its exit, so every feature map keeps
-            full resolution. 0 (default) = off, exactly the unmerged model; at most 0.5. Needs
-            global attention without relative positions (merged tokens leave the grid that
-            windows and relative offsets are defined on).
+        layout: sizes K of the recursive units between the first and last ordinary blocks, or
+            an organisation name (``make_layout``) resolved with ``num_middle_blocks``.
+        num_middle_blocks: the blocks an organisation name lays out.
+        num_steps: recursion depth T of every recursive unit (T=1: a plain ViT, e.g. DeiT).
+        aggregation, step_transforms, zero_init_recursion: see ``SoftMoRUnit``.
+        distilled: add a DeiT distillation token and head.
+        drop_path_rate: stochastic depth, linear over the effective depth.
+        pos_embed_interp: the position table's resize interpolation, at run and at load time.
+        weight_init: timm's ViT init modes: '' (timm), 'jax', 'jax_nlhb', 'moco'.
+        window_size: > 0: ViTDet's windows of this many patches (the grid zero-padded to whole
+            windows) in every block application but the ``global_attn_indexes``; 0: global
+            attention everywhere (the paper's model).
+        global_attn_indexes: the block applications that stay global, numbered over the
+            effective depth (step-major within each unit); None: ``default_global_attn_indexes``.
+        use_rel_pos: ViTDet's decomposed relative positions, zero-initialised, one table pair per
+            block and attention extent (``attention.RelPosAttention``).
+        rel_pos_kernel: with ``use_rel_pos``, the kernel every attention call runs (one of
+            ``rel_pos.KERNELS``, e.g. to time ``bias`` on a GPU); None: ``rel_pos.choose_kernel``'s.
+        ordinary_blocks: the ordinary first and last blocks; False for bViT.
+        step_features: feature indices count the recursion steps of every unit instead of the
+            units (bViT: steps 3/6/9/12 of 12); needs ``aggregation='last'``.
+        token_merge_ratio: each recursive unit merges this fraction of the patch tokens at its
+            entry (ToMe's bipartite matching), runs its T steps on them with proportional
+            attention and unmerges at its exit (MergeOver; no retraining). 0 (default): off;
+            at most 0.5; needs global attention without relative positions.
 
-    Windowed attention and relative positions are dense-prediction options (ViTDet's): the
-    model then carries no class token (nor its position entry, dropped when a checkpoint with
-    one is loaded, ViTDet's ``pretrain_use_cls_token``), attention and the router see only
-    patch tokens, ``forward_features`` returns the normed patch tokens and the classifier
-    averages them (``global_pool='avg'``; 'token' and ``distilled`` are refused).
+    Raises:
+        ValueError: an argument out of its range or options that exclude each other; the
+            message names the argument and the fix.
     """
 
     #: Python-side helpers, not for TorchScript
@@ -256,73 +264,40 @@ class SRViT(nn.Module):
         return blocks
 
     # ----------------------------------------------------------------- the schedule's view
-    @property
-    def num_steps(self) -> int:
-        return self.schedule.num_steps
-
-    @property
-    def layout(self) -> Tuple[int, ...]:
-        return self.schedule.layout
-
-    @property
-    def ordinary_blocks(self) -> bool:
-        return self.schedule.ordinary_blocks
-
-    @property
-    def step_features(self) -> bool:
-        return self.schedule.step_features
-
-    @property
-    def drop_path_rate(self) -> float:
-        return self.schedule.drop_path_rate
-
-    @property
-    def window_size(self) -> int:
-        return self.schedule.window_size
-
-    @property
-    def effective_depth(self) -> int:
-        return self.schedule.depth
-
-    @property
-    def global_attn_indexes(self) -> Tuple[int, ...]:
-        """The block applications that attend over the whole grid (all of them when window_size=0)."""
-        return self.schedule.global_indexes
-
-    @property
-    def feature_points(self) -> List[Tuple[int, int]]:
-        """(unit, step) of every feature index (step -1: the unit's output)."""
-        return list(self.schedule.features)
-
-    @property
-    def recursive_unit_indices(self) -> Tuple[int, ...]:
-        return self.schedule.recursive_units
+    num_steps = property(lambda self: self.schedule.num_steps, doc="T of every recursive unit")
+    layout = property(lambda self: self.schedule.layout, doc="sizes K of the recursive units")
+    ordinary_blocks = property(lambda self: self.schedule.ordinary_blocks)
+    step_features = property(lambda self: self.schedule.step_features)
+    drop_path_rate = property(lambda self: self.schedule.drop_path_rate)
+    window_size = property(lambda self: self.schedule.window_size)
+    effective_depth = property(lambda self: self.schedule.depth, doc="D_eff: block applications per forward pass")
+    global_attn_indexes = property(lambda self: self.schedule.global_indexes,
+                                   doc="the block applications that attend over the whole grid")
+    feature_points = property(lambda self: list(self.schedule.features),
+                              doc="(unit, step) of every feature index (step -1: the unit's output)")
+    recursive_unit_indices = property(lambda self: self.schedule.recursive_units)
+    default_feature_indices = property(lambda self: self.schedule.default_feature_indices,
+                                       doc="the features dense heads take by default (``default_out_indices``)")
 
     @property
     def feature_info(self) -> List[Dict]:
-        return [dict(num_chs=self.embed_dim, reduction=self.patch_size, module=self._module_name(u, t))
-                for u, t in self.schedule.features]
-
-    @staticmethod
-    def _module_name(unit: int, step: int) -> str:
-        return f"units.{unit}" if step < 0 else f"units.{unit}.step{step}"
+        """timm's feature metadata: channels, stride and module of every feature index."""
+        return [dict(num_chs=self.embed_dim, reduction=self.patch_size,
+                     module=f"units.{u}" if t < 0 else f"units.{u}.step{t}") for u, t in self.schedule.features]
 
     def feature_name(self, index: int) -> str:
         """The key of feature ``index`` in ``forward_feature_maps``: ``unit{i}``, or ``step{i}``
-        for a model whose feature indices count steps."""
+        with ``step_features``."""
         return f"step{index}" if self.step_features else f"unit{index}"
-
-    @property
-    def default_feature_indices(self) -> Tuple[int, ...]:
-        """The features dense heads take by default (see ``default_out_indices``)."""
-        return self.schedule.default_feature_indices
 
     # ----------------------------------------------------------------- recursion depth, merging
     def set_num_steps(self, num_steps: int):
-        """Run every recursive unit ``num_steps`` times on the same weights (bViT: any depth at
-        inference). Only units whose parameters do not depend on T can (no router, no step
-        transforms); a soft unit's router has one output per step, so its T is fixed. Refused
-        before anything changes."""
+        """Run every recursive unit ``num_steps`` times on the same weights (bViT: any depth).
+
+        Raises:
+            ValueError: a unit's parameters depend on T (a router, step transforms), or a block
+                would lack the relative-position tables of its new applications; nothing changes.
+        """
         schedule = self.schedule.with_num_steps(num_steps)
         for u, unit in enumerate(self.units):
             unit.check_applications(schedule.of_unit(u))
@@ -333,9 +308,8 @@ class SRViT(nn.Module):
         self.schedule = schedule
 
     def _check_rel_pos_tables(self, schedule: Schedule):
-        """Refuse a depth at which a block would be applied at an extent (windowed or global)
-        it holds no relative-position table for, or no longer at one it holds a table for: the
-        first cannot run, the second leaves a parameter without a gradient (a DDP error)."""
+        """Refuse a depth at which a block would be applied at an extent it holds no table for
+        (cannot run), or no longer at one it holds a table for (a parameter without a gradient)."""
         def extents(flags):
             return " and ".join(name for name, on in flags.items() if on) or "no"
 
@@ -353,7 +327,11 @@ class SRViT(nn.Module):
                         f"gives every block the tables its applications use")
 
     def set_token_merge_ratio(self, ratio: float):
-        """Token merging in every recursive unit (see the class docstring); 0 = off."""
+        """Token merging in every recursive unit (the class's ``token_merge_ratio``); 0 = off.
+
+        Raises:
+            ValueError: a ratio out of [0, 0.5], no recursive unit, or windows / relative positions.
+        """
         ratio = check_merge_ratio(ratio)
         recursive = [self.units[u] for u in self.recursive_unit_indices if self.units[u].num_steps > 1]
         if ratio and not recursive:
@@ -367,8 +345,12 @@ class SRViT(nn.Module):
 
     # ----------------------------------------------------------------- timm conventions
     def init_weights(self, mode: Optional[str] = None, zero_init_recursion: Optional[bool] = None):
-        """(Re-)initialise all weights as timm's ViT does for ``mode``; the defaults are the
-        settings the model was built with, so a framework calling ``init_weights()`` keeps them."""
+        """(Re-)initialise all weights as timm's ViT does.
+
+        Args:
+            mode: one of WEIGHT_INITS; None: the model's ``weight_init``.
+            zero_init_recursion: None: the model's (a framework calling ``init_weights()`` keeps both).
+        """
         mode = self.weight_init if mode is None else mode
         if mode not in WEIGHT_INITS:
             raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {mode!r}")
@@ -388,24 +370,19 @@ class SRViT(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self):
-        """Position embeddings and tokens; the relative-position tables too (positions, as in
-        detectron2's MViTv2 configs)."""
+        """Position embeddings, tokens and relative-position tables (as detectron2's MViTv2 configs)."""
         return {"pos_embed", "cls_token", "dist_token"} | {n for n, _ in self.named_parameters() if is_rel_pos(n)}
 
-    @property
-    def unit_sizes(self) -> List[int]:
-        """Unique blocks per unit, first and last ordinary blocks included."""
-        return [len(unit.blocks) for unit in self.units]
+    unit_sizes = property(lambda self: [len(unit.blocks) for unit in self.units], doc="unique blocks per unit")
 
     def get_layer_depth(self, param_name: str, prefix: str = "") -> Tuple[int, int]:
-        """mmpretrain's layer-decay protocol, by the shared-block rule of ``layer_decay``."""
+        """mmpretrain's layer-decay protocol: (layer id, number of ids) of ``layer_ids.layer_id``'s rule."""
         return layer_depth(param_name, self.unit_sizes, prefix)
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False):
-        """timm's parameter grouping. Fine: one group per layer id of ``layer_decay`` (so
-        ``create_optimizer_v2(layer_decay=...)`` gives the factors of the one rule); coarse:
-        one group per unit."""
+        """timm's parameter grouping: one group per layer id of ``layer_ids.layer_id`` (so that
+        ``create_optimizer_v2(layer_decay=...)`` follows the one rule); ``coarse``: one per unit."""
         if coarse:
             return dict(stem=r"^cls_token|^dist_token|^pos_embed|^patch_embed",
                         blocks=[(r"^units\.(\d+)", None), (r"^norm", (99999,))])
@@ -449,9 +426,7 @@ class SRViT(nn.Module):
         self.distilled_training = enable
 
     # ----------------------------------------------------------------- embedding
-    @property
-    def pretrain_grid(self) -> Tuple[int, int]:
-        return tuple(self.patch_embed.grid_size)
+    pretrain_grid = property(lambda self: tuple(self.patch_embed.grid_size), doc="the patch grid of ``img_size``")
 
     def _pos_embed(self, x: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
         pos_embed = pos_embed_for_grid(self.pos_embed, self.num_prefix_tokens, self.patch_embed.grid_size, grid,
@@ -507,12 +482,8 @@ class SRViT(nn.Module):
 
     def _forward_units(self, x: torch.Tensor, indices: Sequence[int], return_mixture: bool = False,
                        stop_early: bool = False):
-        """Run the model, keeping the token outputs of the features in ``indices`` (units, or
-        steps with ``step_features``).
-
-        Returns (final tokens before the norm, {index: tokens}, {unit: mixture (B, N, T)},
-        grid). Mixture weights exist for recursive units with a router.
-        """
+        """Run the model, keeping the tokens of the features in ``indices``: (final tokens before
+        the norm, {index: tokens}, {unit: mixture (B, N, T)} of units with a router, grid)."""
         wanted = {i: self.feature_points[i] for i in indices}
         last = max(u for u, _ in wanted.values()) if (stop_early and wanted) else len(self.units) - 1
         x, grid = self.embed(x)
@@ -535,13 +506,20 @@ class SRViT(nn.Module):
 
     def forward_feature_maps(self, x: torch.Tensor, indices: Optional[Sequence[int]] = None,
                              return_mixture: bool = False) -> Dict[str, torch.Tensor]:
-        """Dense-prediction features as NCHW stride-16 maps, keyed by ``feature_name``
-        (``unit{i}``, or ``step{i}`` with ``step_features``).
+        """Dense-prediction features, the entry point of the framework adapters.
 
-        ``indices`` default to ``default_feature_indices`` (the recursive units; DeiT's layers
-        3/6/9/12; bViT's quarter steps). ``last_feat`` (the last block's output, no final norm: the ViTDet
-        Simple Feature Pyramid input) is always included. With ``return_mixture``,
-        ``mixture{i}`` holds unit i's (B, T, h, w) mixture weights.
+        Args:
+            x: (B, C, H, W) images.
+            indices: feature indices; None: ``default_feature_indices``.
+            return_mixture: add each recursive unit's router weights.
+
+        Returns:
+            NCHW stride-16 maps keyed by ``feature_name``, plus ``last_feat`` (the last block's
+            output without the final norm, the Simple Feature Pyramid's input) and with
+            ``return_mixture`` ``mixture{i}``, unit i's (B, T, h, w) weights.
+
+        Raises:
+            ValueError: an index the model does not have.
         """
         indices = self.default_feature_indices if indices is None else self._check_indices(indices)
         x, outputs, mixtures, grid = self._forward_units(x, indices, return_mixture)
@@ -565,7 +543,7 @@ class SRViT(nn.Module):
     def forward_intermediates(self, x: torch.Tensor, indices: Optional[Union[int, List[int]]] = None,
                               norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
                               intermediates_only: bool = False, return_prefix_tokens: bool = False):
-        """timm's intermediate-feature API; indices count units (see ``feature_info``)."""
+        """timm's intermediate-feature API (``features_only`` uses it); indices as ``feature_info``'s."""
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take_indices, _ = feature_take_indices(len(self.feature_points), indices)
@@ -582,9 +560,8 @@ class SRViT(nn.Module):
 
     def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
                                   prune_head: bool = True):
-        """Drop what comes after the last of ``indices`` (timm's API): later units, and with
-        ``step_features`` the later steps of its unit, so that a backbone holds and runs only
-        what its outputs need: no parameter is left without a gradient."""
+        """timm's API: drop the units (with ``step_features``, the steps) after the last of
+        ``indices``, so that no parameter of a backbone is left without a gradient."""
         take_indices, max_index = feature_take_indices(len(self.feature_points), indices)
         unit, step = self.feature_points[max_index]
         plan = list(self.schedule.plan[:unit + 1])

@@ -1,9 +1,6 @@
-"""ViTDet's windows over the patch grid (detectron2's ``window_partition`` /
-``window_unpartition``: the grid padded at the bottom and right to whole windows),
-partitioned after the qkv projection so that the padding is not projected. A shared block runs
-at several depths, so whether an attention is windowed is a property of the *application*
-(``schedule.Application.window_size``), not of the block; ``attention.grid_attention`` uses these.
-"""
+"""ViTDet's windows over the patch grid (detectron2's ``window_partition`` / ``window_unpartition``:
+the grid padded at the bottom and right to whole windows), cut after the qkv projection so that
+the padding is not projected; ``attention.grid_attention`` uses them."""
 from typing import Optional, Tuple
 
 import torch
@@ -13,10 +10,9 @@ from .constants import size_constants
 
 
 def _window_order(grid: Tuple[int, int], window_size: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The two index maps between the (h, w) grid and its windows of ``window_size`` (the grid
-    padded at the bottom and right to whole windows, windows in ViTDet's order, tokens row-major
-    in each): the token each window position reads (h * w, the padding token, for padding), and
-    the window position each token of the grid lands at."""
+    """The two index maps between the (h, w) grid and its windows (ViTDet's order, tokens
+    row-major in each): the token each window position reads (h * w for padding), and the window
+    position each token lands at."""
     h, w = grid
     rows, cols = -(-h // window_size), -(-w // window_size)
     r = torch.arange(rows * window_size, device=device).view(rows, window_size, 1, 1)
@@ -30,9 +26,8 @@ def _window_order(grid: Tuple[int, int], window_size: int, device: torch.device)
 
 
 def _batch_window_order(grid: Tuple[int, int], window_size: int, batch: int, device: torch.device):
-    """``_window_order`` over a batch of images flattened into one token axis, the padding token
-    last (batch * h * w): the rows each window position of each image reads, and the positions
-    each image's tokens land at."""
+    """``_window_order`` over a batch flattened into one token axis, the padding token last
+    (batch * h * w)."""
     token_of_position, position_of_token = _window_order(grid, window_size, device)
     tokens = grid[0] * grid[1]
     images = torch.arange(batch, device=device)[:, None]
@@ -47,18 +42,23 @@ window_order = size_constants(_batch_window_order)
 @register_notrace_function
 def window_qkv(qkv: torch.Tensor, bias: Optional[torch.Tensor], grid: Tuple[int, int], window_size: int,
                heads: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(B, h*w, 3 * heads * C) projections of the (h, w) patch grid -> q, k and v of every window,
-    each (B * windows, heads, window_size**2, C) (windows in ViTDet's ``window_partition`` order),
-    strided views of one gathered tensor.
+    """q, k and v of every window of ViTDet's padded grid, from the projections of the real tokens.
 
-    ViTDet pads the block's input with zero tokens to whole windows and then projects them; a
-    zero token's projection is the qkv bias. Here the projections of the real tokens are padded
-    with the bias, which gives the same windows without projecting the padding (at 1024, 4096
-    tokens instead of 70x70 = 4900): one padding row (the bias, or zeros without one) follows
-    the batch's tokens and every window position reads its row with one ``index_select``; the
-    three gradients stack back in that layout (a GPU's two operations forward and three
-    backward, where padding, filling and permuting took twelve).
-    A leaf for FX (the padding is sized in Python): see ``attention``."""
+    ViTDet projects zero padding tokens, whose projection is the qkv bias: here one bias row
+    follows the batch's tokens and every window position reads its row with one ``index_select``
+    (the same windows, the padding not projected). A leaf for FX.
+
+    Args:
+        qkv: (B, h*w, 3 * heads * C) projections.
+        bias: the qkv bias (None: zeros).
+        grid: the (h, w) patch grid.
+        window_size: the window side.
+        heads: attention heads.
+
+    Returns:
+        q, k, v, each (B * windows, heads, window_size**2, C) in ``window_partition``'s order
+        (strided views of one gathered tensor).
+    """
     B, N, width = qkv.shape
     h, w = grid
     windows = -(-h // window_size) * -(-w // window_size)
@@ -74,11 +74,17 @@ def window_qkv(qkv: torch.Tensor, bias: Optional[torch.Tensor], grid: Tuple[int,
 
 @register_notrace_function
 def merge_windows(windows: torch.Tensor, grid: Tuple[int, int], window_size: int) -> torch.Tensor:
-    """The inverse of ``window_qkv`` for attention's output: (B * windows, heads,
-    window_size**2, C) -> (B, h*w, heads * C), the padding dropped (ViTDet's
-    ``window_unpartition``), each token read from its window position by one ``index_select``
-    (CUDA's fused attention returns its output laid out as (windows, tokens, heads, C), which
-    the reshape keeps as a view). A leaf for FX, as ``window_qkv``."""
+    """The inverse of ``window_qkv`` for attention's output (ViTDet's ``window_unpartition``), each
+    token read from its window position by one ``index_select``. A leaf for FX.
+
+    Args:
+        windows: (B * windows, heads, window_size**2, C).
+        grid: the (h, w) patch grid.
+        window_size: the window side.
+
+    Returns:
+        (B, h*w, heads * C), the padding dropped.
+    """
     _, heads, tokens, C = windows.shape
     h, w = grid
     per_image = -(-h // window_size) * -(-w // window_size) * tokens
