@@ -111,7 +111,7 @@ class SoftMoRUnit(nn.Module):
         self.token_merge_ratio = 0.0
         self.set_token_merge_ratio(token_merge_ratio)
 
-        dim = self._dim()
+        dim = self.blocks[0].norm1.normalized_shape[0]
         uses_router = self.num_steps > 1 and aggregation != "last"
         self.router = nn.Linear(dim, self.num_steps) if uses_router else None
         self.step_transforms = (
@@ -138,12 +138,10 @@ class SoftMoRUnit(nn.Module):
         self.drop_path_rates = [a.drop_path_rate for a in self.applications]
         self.window_sizes = [a.window_size for a in self.applications]
 
-    def _dim(self) -> int:
-        norm = self.blocks[0].norm1
-        return norm.normalized_shape[0]
-
     @torch.no_grad()
     def reset_recursion_parameters(self, zero_init: bool = True):
+        """Router and step transforms at zero (``zero_init``: a uniform mixture, identity
+        transforms), else a truncated-normal init of std 0.02; biases at zero."""
         for layer in ([self.router] if self.router is not None else []) + list(self.step_transforms or []):
             if zero_init:
                 nn.init.zeros_(layer.weight)
