@@ -75,7 +75,7 @@ def test_every_kernel_in_low_precision_agrees_with_detectron2_in_fp32(case, kern
     got = rel_pos_attention(*low, size, kernel=kernel, device_type=device_type, block_elements=block_elements)
     assert got.dtype == dtype
     assert cosine(got, expected) > 0.999
-    for g, t, e in zip(grads_of(got, low), low, grads_of(expected, tensors)):
+    for g, e in zip(grads_of(got, low), grads_of(expected, tensors)):
         assert g.dtype == dtype and cosine(g, e) > 0.99
 
 
@@ -130,7 +130,8 @@ def test_a_model_passes_its_kernel_to_every_attention_call():
         tiny(rel_pos_kernel="bias")
 
 
-@pytest.mark.parametrize("grid,window", [((5, 7), 0), ((6, 6), 3), ((6, 7), 4)], ids=["global", "windows", "padded_windows"])
+@pytest.mark.parametrize("grid,window", [((5, 7), 0), ((6, 6), 3), ((6, 7), 4)],
+                         ids=["global", "windows", "padded_windows"])
 def test_the_folded_kernel_equals_detectron2_in_float64(grid, window):
     """``folded`` against detectron2's formula in float64, where only the arithmetic's order can
     differ: the output and the gradients of q, k, v and both tables to 1e-10, on a global grid,
@@ -222,8 +223,8 @@ def test_launches_counted_on_meta_tensors_are_the_cpus():
             training_step_launches(3, (5, 4), "cpu", kernel=kernel, block_elements=block_elements).ops
 
 
-@pytest.mark.parametrize("kernel,device_type,block_elements", [("blocked", "cpu", 2 * 2 * 2 * 7 * 35), ("bias", "cuda", 2500),
-                                                                ("folded", "cuda", None)],
+@pytest.mark.parametrize("kernel,device_type,block_elements", [("blocked", "cpu", 2 * 2 * 2 * 7 * 35),
+                                                                ("bias", "cuda", 2500), ("folded", "cuda", None)],
                          ids=["blocked_row_blocks", "bias_in_calls", "folded"])
 def test_a_training_step_compiles_without_a_graph_break(kernel, device_type, block_elements):
     """``torch.compile(fullgraph=True)`` (a graph break is an error) of the forward and its
