@@ -19,6 +19,7 @@ from detectron2.engine import default_argument_parser
 
 from srvit_backbones.detectron2 import faults, train_net
 from srvit_backbones.detectron2.train_net import main  # what each launched process runs
+from srvit_backbones.errors import tool_main
 
 
 def parse_args(argv=None):
@@ -27,7 +28,12 @@ def parse_args(argv=None):
     return train_net.parse_args(default_argument_parser(epilog=__doc__), argv)
 
 
-if __name__ == "__main__":
-    args = parse_args()
+@tool_main
+def run(args):
+    """The data check, then ``main`` in every process of the job (``faults.launch``)."""
     train_net.check_data(args)
     faults.launch(main, args)
+
+
+if __name__ == "__main__":
+    run(parse_args())
