@@ -13,7 +13,7 @@ from .checkpoint import LoadReport, load_pretrained
 from .errors import CheckpointError, ConfigError, DataCheckError, InputError, SRViTError
 
 __version__ = "0.1.0"
-__all__ = ["SRViT", "SoftMoRUnit", "VARIANTS", "create_srvit", "make_layout", "load_pretrained",
-           "LoadReport", "SRViTError", "CheckpointError", "ConfigError", "DataCheckError", "InputError", "config_dir",
-           "config_folders", "config_path", "list_configs", "resolve_config", "FrameworkAdapter", "adapter", "load_config",
-           "register_framework", "resolve"]
+__all__ = ["SRViT", "SoftMoRUnit", "VARIANTS", "create_srvit", "make_layout", "load_pretrained", "LoadReport",
+           "SRViTError", "CheckpointError", "ConfigError", "DataCheckError", "InputError", "config_dir",
+           "config_folders", "config_path", "list_configs", "resolve_config", "FrameworkAdapter", "adapter",
+           "load_config", "register_framework", "resolve"]
