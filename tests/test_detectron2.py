@@ -568,18 +568,19 @@ def test_amp_on_the_cpu_trains_bf16_where_the_cpu_has_it(coco_root, tmp_path, mo
     assert weight.dtype == torch.float32 and not torch.equal(weight, before)
     assert math.isfinite(trainer.storage.latest()["total_loss"][0])
 
-    tool = load_tool("train_net")  # its parser and main, as launch runs them
-    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: False)  # train_net.main: what each process runs
     with pytest.raises(ConfigError, match=r"^config error: train.amp.enabled=True on the CPU trains bf16, but this "
                                           r"CPU has no native bf16 .*train.amp.enabled=False "
                                           r".*train.amp.precision=bf16"):
-        tool.main(tool.parse_args(argv))
+        train_net.main(train_net_args(argv))
     with pytest.raises(ConfigError, match=r"^config error: train.amp.precision='fp32' is not one of "
                                           r"\('fp16', 'bf16'\)"):
-        tool.main(tool.parse_args([*argv, "train.amp.precision=fp32"]))
+        train_net.main(train_net_args([*argv, "train.amp.precision=fp32"]))
     with pytest.raises(ConfigError, match=r"^config error: train.amp.enabled=True runs on train.device cuda or cpu, "
                                           r"got 'mps': pass train.amp.enabled=False"):
-        tool.main(tool.parse_args([*argv, "train.device=mps"]))
+        train_net.main(train_net_args([*argv, "train.device=mps"]))
+    with pytest.raises(SystemExit, match=r"^config error: train.amp.enabled=True on the CPU trains bf16"):
+        load_tool("train_net").main(train_net_args(argv))  # the tool's: the message, exit status 1
 
 
 def test_device_amp_trainer_steps_as_the_installed_amp_trainer():
@@ -879,10 +880,9 @@ def test_two_machines_train_as_one_and_a_killed_rank_ends_the_job(coco_root, tmp
     ("model.backbone.net.compile={mood:fast}", ValueError, r"compile=\{'mood': 'fast'\}: .*'mood'.*torch.compile's"),
 ])
 def test_train_net_bad_input_is_explained(tmp_path, override, error, match):
-    tool = load_tool("train_net")  # its parser and main, as launch runs them
-    args = tool.parse_args(["--config", QUICKSTART, f"train.output_dir={tmp_path}", override])
+    args = train_net_args(["--config", QUICKSTART, f"train.output_dir={tmp_path}", override])
     with pytest.raises(error, match=match):
-        tool.main(args)
+        train_net.main(args)  # what each launched process runs
 
 
 # ----------------------------------------------------------------------------- ViTDet window attention (_win)

@@ -18,7 +18,6 @@ built (tools/check_data.py's check; ``--skip-data-check`` skips it).
 from detectron2.engine import default_argument_parser
 
 from srvit_backbones.detectron2 import faults, train_net
-from srvit_backbones.detectron2.train_net import main  # what each launched process runs
 from srvit_backbones.errors import tool_main
 
 
@@ -26,6 +25,13 @@ def parse_args(argv=None):
     """detectron2's arguments (--num-gpus, --num-machines, --machine-rank, --dist-url, --resume,
     --eval-only, key=value overrides) with --config, your own data's and --skip-data-check."""
     return train_net.parse_args(default_argument_parser(epilog=__doc__), argv)
+
+
+@tool_main
+def main(args):
+    """What each launched process runs (``train_net.main``); an SRViTError ends that process with
+    its message (exit status 1, which ends the job)."""
+    return train_net.main(args)
 
 
 @tool_main
