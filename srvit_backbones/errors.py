@@ -19,8 +19,8 @@ class InputError(SRViTError):
 
 
 class DataCheckError(SRViTError):
-    """A dataset's files, or a config against them, failed a check before a run; the message is
-    the report."""
+    """A dataset's files failed a check before a run (missing, unreadable, not the format the
+    config reads); the message is the report."""
 
 
 class CheckpointError(SRViTError, ValueError):
@@ -29,8 +29,14 @@ class CheckpointError(SRViTError, ValueError):
 
 def tool_main(main: Optional[Callable] = None, *, prefix: str = "") -> Callable:
     """A tool's ``main`` that turns an ``SRViTError`` into the tool's exit: ``prefix`` and the
-    message on stderr, exit status 1, no traceback. Used as ``@tool_main`` or
-    ``@tool_main(prefix="error: ")``; the only place of the package that exits."""
+    message on stderr, exit status 1, no traceback. The only place of the package that exits.
+
+    Args:
+        main: the tool's function; None when used as ``@tool_main(prefix="error: ")``.
+        prefix: written before the message.
+
+    Returns:
+        ``main`` wrapped (or, without ``main``, the decorator)."""
     if main is None:
         return functools.partial(tool_main, prefix=prefix)
 
