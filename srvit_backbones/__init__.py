@@ -9,9 +9,11 @@ framework goes through the one table of the ``srvit_backbones.frameworks`` modul
 from .config_files import config_dir, config_folders, config_path, list_configs, resolve_config
 from .frameworks import FrameworkAdapter, adapter, load_config, register_framework, resolve
 from .models import VARIANTS, SoftMoRUnit, SRViT, create_srvit, make_layout
-from .checkpoint import CheckpointError, LoadReport, load_pretrained
+from .checkpoint import LoadReport, load_pretrained
+from .errors import CheckpointError, ConfigError, DataCheckError, InputError, SRViTError
 
 __version__ = "0.1.0"
-__all__ = ["SRViT", "SoftMoRUnit", "VARIANTS", "create_srvit", "make_layout", "load_pretrained",
-           "LoadReport", "CheckpointError", "config_dir", "config_folders", "config_path", "list_configs",
-           "resolve_config", "FrameworkAdapter", "adapter", "load_config", "register_framework", "resolve"]
+__all__ = ["SRViT", "SoftMoRUnit", "VARIANTS", "create_srvit", "make_layout", "load_pretrained", "LoadReport",
+           "SRViTError", "CheckpointError", "ConfigError", "DataCheckError", "InputError", "config_dir",
+           "config_folders", "config_path", "list_configs", "resolve_config", "FrameworkAdapter", "adapter",
+           "load_config", "register_framework", "resolve"]

@@ -18,6 +18,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
+from .errors import CheckpointError
 from .models.srvit import resize_pos_embed, serves_as_is
 from .models.rel_pos import is_rel_pos, resize_rel_pos
 from .models.factory import set_checkpoint_filter
@@ -33,10 +34,6 @@ OPTIONAL_KEYS = HEAD_PREFIXES + ("dist_token",)
 #: the key that marks where the backbone sits inside a whole-model checkpoint
 ANCHOR = "patch_embed.proj.weight"
 _WRAPPERS = ("module.", "_orig_mod.")  # DDP / torch.compile
-
-
-class CheckpointError(ValueError):
-    """A checkpoint cannot be used for this model; the message says why and what to do."""
 
 
 def group_keys(keys: Iterable[str]) -> List[str]:

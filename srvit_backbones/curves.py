@@ -23,8 +23,10 @@ from typing import Dict, Tuple
 
 from matplotlib.figure import Figure
 
+from .errors import InputError
 
-class CurvesError(ValueError):
+
+class CurvesError(InputError, ValueError):
     """A path or a log the curves cannot be drawn from; the message says what was expected."""
 
 

@@ -24,6 +24,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 from PIL import Image
 
+from .errors import DataCheckError
+
 #: how many file names a finding quotes
 EXAMPLES = 5
 #: box coordinates may pass the image border by this much (rounding in labelling tools) before
@@ -153,10 +155,6 @@ class SegSplit:
     reduce_zero_label: bool = False
     ignore_index: int = 255
     split_file: Optional[str] = None
-
-
-class DataCheckError(SystemExit):
-    """The data check found errors; the message is the report (uncaught: printed, exit status 1)."""
 
 
 def is_truncated(f, fmt: str) -> bool:
@@ -398,7 +396,7 @@ def run_check(splits: Iterable, skip_flag: str, log=print) -> List[SplitReport]:
 
 
 def require_clean(reports: Sequence[SplitReport], skip_flag: str) -> None:
-    """Raise ``DataCheckError`` (exit status 1, the report as message) when a split has errors;
+    """Raise ``DataCheckError`` (the report as message; a tool exits with status 1) when a split has errors;
     ``skip_flag`` names the tool's option that skips the check."""
     errors = sum(len(r.errors) for r in reports)
     if errors:

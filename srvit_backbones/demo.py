@@ -15,7 +15,8 @@ import torch
 from PIL import Image
 
 from .amp import amp_dtype
-from .checkpoint import CheckpointError, read_checkpoint
+from .checkpoint import read_checkpoint
+from .errors import CheckpointError, ConfigError, InputError
 
 
 class Demo:
@@ -97,56 +98,56 @@ def say_on_image(image: np.ndarray, text: str) -> np.ndarray:
 
 def relative_names(paths: Sequence[str]) -> List[str]:
     """Each image's path below the images' common folder; its output name is that, as .png
-    (a SystemExit when two images would be drawn to one file)."""
+    (an ``InputError`` when two images would be drawn to one file)."""
     root = os.path.commonpath([os.path.dirname(p) for p in paths])
     names = [os.path.relpath(p, root) for p in paths]
     seen = {}
     for path, name in zip(paths, names):
         out = os.path.splitext(name)[0] + ".png"
         if out in seen:
-            raise SystemExit(f"{seen[out]} and {path} would both be drawn to {out}: give them separately")
+            raise InputError(f"{seen[out]} and {path} would both be drawn to {out}: give them separately")
         seen[out] = path
     return names
 
 
 def check_device(device: str, amp: bool) -> None:
-    """A SystemExit when ``device`` is CUDA and no GPU is visible, or ``amp`` is asked where the
-    device cannot run it (``srvit_backbones.amp``)."""
+    """A ``ConfigError`` when ``device`` is CUDA and no GPU is visible, or ``amp`` is asked where
+    the device cannot run it (``srvit_backbones.amp``)."""
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"--device {device}, but no CUDA GPU is visible: run with --device cpu")
+        raise ConfigError(f"--device {device}, but no CUDA GPU is visible: run with --device cpu")
     if amp:
         try:
             amp_dtype(device)
         except ValueError as e:
-            raise SystemExit(str(e)) from None
+            raise ConfigError(str(e)) from None
 
 
 def read_weights(checkpoint: str, key: str, framework: str, hint: str):
     """(checkpoint object, its weights under ``key``) through the package's safe reader, or a
-    SystemExit that says why the file is not a ``framework`` checkpoint and, with ``hint`` (the
-    adapter's ``checkpoint_hint``), where one comes from."""
+    ``CheckpointError`` that says why the file is not a ``framework`` checkpoint and, with ``hint``
+    (the adapter's ``checkpoint_hint``), where one comes from."""
     if not os.path.isfile(checkpoint):
-        raise SystemExit(f"--checkpoint {checkpoint!r} does not exist. Fix: {hint}")
+        raise CheckpointError(f"--checkpoint {checkpoint!r} does not exist. Fix: {hint}")
     try:
         obj = read_checkpoint(checkpoint)
     except CheckpointError as e:
-        raise SystemExit(f"--checkpoint: {e}") from None
+        raise CheckpointError(f"--checkpoint: {e}") from None
     weights = obj.get(key, obj) if isinstance(obj, dict) else obj
     if not (isinstance(weights, dict) and weights and all(torch.is_tensor(v) for v in weights.values())):
         held = ", ".join(map(str, list(obj)[:6])) if isinstance(obj, dict) else type(obj).__name__
-        raise SystemExit(f"--checkpoint {checkpoint} holds no {framework} weights (nothing under {key!r}; it holds "
-                         f"{held}). Fix: {hint}")
+        raise CheckpointError(f"--checkpoint {checkpoint} holds no {framework} weights (nothing under {key!r}; "
+                              f"it holds {held}). Fix: {hint}")
     return obj, weights
 
 
 @contextlib.contextmanager
 def refused_unless_it_fits(hint: str):
     """A checkpoint that does not fit the model entirely (``require_fit``'s CheckpointError) as a
-    SystemExit that says, with ``hint``, where one that fits comes from."""
+    CheckpointError that says, with ``hint``, where one that fits comes from."""
     try:
         yield
     except CheckpointError as e:
-        raise SystemExit(f"--checkpoint {e}\nFix: {hint}") from None
+        raise CheckpointError(f"--checkpoint {e}\nFix: {hint}") from None
 
 
 def run_demo(demo: Demo, paths: Sequence[str], names: Sequence[str], output: str,

@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 
 from .amp import amp_dtype, autocast
-from .checkpoint import CheckpointError, LoadReport, extract_state_dict, load_pretrained, read_checkpoint, \
-    select_backbone
+from .checkpoint import LoadReport, extract_state_dict, load_pretrained, read_checkpoint, select_backbone
+from .errors import CheckpointError, ConfigError, SRViTError
 from .models import create_srvit
 from .models.rules import split_pos_embed
 
@@ -30,7 +30,7 @@ RESERVED = ("features_only", "img_size", "out_indices", "num_classes", "pretrain
 DEFAULT_CHECK_SIZES = ((224, 224), (192, 320))
 
 
-class ExportError(RuntimeError):
+class ExportError(SRViTError, RuntimeError):
     """The export or its check cannot be done as asked; the message says why."""
 
 
@@ -182,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
+    """tools/export_onnx.py's export and check of ``argv``; returns the check's rows.
+
+    Raises:
+        ExportError: the export or its check cannot be done, or ONNX Runtime's outputs differ.
+        CheckpointError: the checkpoint cannot be read or does not fit.
+        ConfigError: ``--amp`` on a CPU without native bf16."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.checkpoint and args.random_weights:
@@ -193,32 +199,28 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
         import onnxruntime  # noqa: F401
         import onnxscript  # noqa: F401
     except ImportError as e:
-        raise SystemExit(f"error: ONNX export needs onnx, onnxscript and onnxruntime ({e}): "
-                         f"pip install -e .[deploy]") from None
+        raise ExportError(f"ONNX export needs onnx, onnxscript and onnxruntime ({e}): "
+                          f"pip install -e .[deploy]") from None
     if args.amp:
         try:
             amp_dtype("cpu")
         except ValueError as e:
-            raise SystemExit(f"error: {e}") from None
-    try:
-        checkpoint = read_checkpoint(args.checkpoint) if args.checkpoint else None
-        backbone, report = build_backbone(args.model, checkpoint, args.img_size, args.out_indices,
-                                          dict(args.overrides))
-        patch = backbone.model.patch_size
-        bad = [f"{h}x{w}" for h, w in args.check_sizes if h % patch or w % patch]
-        if bad:
-            raise ExportError(f"check sizes {bad} are not multiples of the patch size {patch}")
-        print(f"weights: {args.checkpoint}\n{report.summary()}" if report else "weights: random (--random-weights)")
-        export_onnx(backbone, args.output, args.opset)
-        names = output_names(backbone)
-        print(f"wrote {args.output}: {args.model}, input images (batch, 3, H, W) with H, W multiples of {patch}, "
-              f"outputs {', '.join(names)} (stride {patch}), position table "
-              f"{backbone.model.pretrain_grid[0]}x{backbone.model.pretrain_grid[1]}")
-        if args.amp:
-            print("--amp: the exported graph stays fp32; the check also runs PyTorch under bf16 autocast (CPU)")
-        rows = check_onnx(args.output, backbone, args.check_sizes, args.atol, args.rtol, amp=args.amp)
-    except (CheckpointError, ExportError) as e:
-        raise SystemExit(f"error: {e}") from None
+            raise ConfigError(str(e)) from None
+    checkpoint = read_checkpoint(args.checkpoint) if args.checkpoint else None
+    backbone, report = build_backbone(args.model, checkpoint, args.img_size, args.out_indices, dict(args.overrides))
+    patch = backbone.model.patch_size
+    bad = [f"{h}x{w}" for h, w in args.check_sizes if h % patch or w % patch]
+    if bad:
+        raise ExportError(f"check sizes {bad} are not multiples of the patch size {patch}")
+    print(f"weights: {args.checkpoint}\n{report.summary()}" if report else "weights: random (--random-weights)")
+    export_onnx(backbone, args.output, args.opset)
+    names = output_names(backbone)
+    print(f"wrote {args.output}: {args.model}, input images (batch, 3, H, W) with H, W multiples of {patch}, "
+          f"outputs {', '.join(names)} (stride {patch}), position table "
+          f"{backbone.model.pretrain_grid[0]}x{backbone.model.pretrain_grid[1]}")
+    if args.amp:
+        print("--amp: the exported graph stays fp32; the check also runs PyTorch under bf16 autocast (CPU)")
+    rows = check_onnx(args.output, backbone, args.check_sizes, args.atol, args.rtol, amp=args.amp)
     for row in rows:
         print(f"check {row['size'][0]}x{row['size'][1]} (batch {row['batch']}): max abs difference ONNX Runtime vs "
               f"PyTorch {row['max_abs_diff']:.3g} ({'within' if row['ok'] else 'ABOVE'} atol {args.atol:g} + "
@@ -228,6 +230,6 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
                   f"autocast vs ONNX Runtime fp32 {row['amp_max_abs_diff']:.3g} ({100 * row['amp_max_rel_diff']:.2g}% "
                   f"of max|output|; what bf16 costs, not held to the tolerance)")
     if not all(row["ok"] for row in rows):
-        raise SystemExit(f"error: ONNX Runtime's outputs differ from PyTorch's beyond the tolerance; "
-                         f"{args.output} was written but should not be used")
+        raise ExportError(f"ONNX Runtime's outputs differ from PyTorch's beyond the tolerance; "
+                          f"{args.output} was written but should not be used")
     return rows

@@ -12,6 +12,8 @@ from typing import Callable, Iterable, List, Optional
 
 import torch
 
+from .errors import SRViTError
+
 #: How long a collective waits for a rank that does not answer before the process group fails
 #: (torch's own default is 30 minutes for gloo, 10 for NCCL). Long enough for the slowest thing
 #: ranks wait on each other for in our runs (a first step that compiles or benchmarks kernels,
@@ -33,12 +35,14 @@ def collective_timeout(seconds: Optional[float] = None) -> datetime.timedelta:
     return datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S if seconds is None else seconds)
 
 
-class Diverged(FloatingPointError):
-    """A run stopped because it diverged, with ``divergence_message``'s explanation."""
+class Diverged(SRViTError, FloatingPointError):
+    """A run stopped because it diverged, with ``divergence_message``'s explanation (a
+    FloatingPointError, as the frameworks' own divergence checks raise)."""
 
 
-class CheckpointWriteError(OSError):
-    """A checkpoint that could not be written: its file, the cause, and what is left on disk."""
+class CheckpointWriteError(SRViTError, OSError):
+    """A checkpoint that could not be written: its file, the cause, and what is left on disk (an
+    OSError, as the write's own error)."""
 
 
 def atomic_write(path: str, write: Callable[[object], None]) -> None:

@@ -10,6 +10,8 @@ import torch
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
+from .errors import InputError
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 
 
@@ -20,8 +22,8 @@ def is_image(path: str) -> bool:
 def find_images(inputs: Sequence[str], recursive: bool = True) -> List[str]:
     """Sorted absolute paths of the images that ``inputs`` name: a file as it is, a folder's
     images (those of its subfolders too when ``recursive``), a glob pattern's images (``**``
-    matching any depth). A SystemExit names an input that does not exist, or says that none of
-    them is an image."""
+    matching any depth). An ``InputError`` names an input that does not exist, or says that none
+    of them is an image."""
     found = []
     for item in inputs:
         if os.path.isdir(item):
@@ -35,10 +37,10 @@ def find_images(inputs: Sequence[str], recursive: bool = True) -> List[str]:
         elif glob.has_magic(item):
             found += [p for p in glob.glob(item, recursive=True) if is_image(p) and os.path.isfile(p)]
         else:
-            raise SystemExit(f"--input {item!r} does not exist: give image files, folders of images or globs")
+            raise InputError(f"--input {item!r} does not exist: give image files, folders of images or globs")
     found = sorted(set(os.path.abspath(p) for p in found))
     if not found:
-        raise SystemExit(f"no images found in --input {' '.join(inputs)} (looked for files ending in "
+        raise InputError(f"no images found in --input {' '.join(inputs)} (looked for files ending in "
                          f"{', '.join(IMAGE_EXTENSIONS)})")
     return found
 

@@ -20,14 +20,17 @@ from typing import NamedTuple
 
 import numpy
 
+from .errors import DataCheckError
+
 FIX = ("an LVIS config needs LVIS v1 annotations (lvis_v1_train.json / lvis_v1_val.json from "
        "https://www.lvisdataset.org/dataset, or tools/make_synthetic_lvis.py); for COCO use the COCO config "
        "it is built on")
 LVIS_V1 = "lvis_v1"  # FederatedSigmoidCELoss(image_counts=...): LVIS v1's shipped counts
 
 
-class LVISFormatError(ValueError):
-    pass
+class LVISFormatError(DataCheckError, ValueError):
+    """A file that an LVIS config or loss reads is not LVIS-format; the message names the field and
+    the fix."""
 
 
 class LVISSummary(NamedTuple):

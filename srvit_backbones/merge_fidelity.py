@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .checkpoint import load_pretrained
+from .errors import CheckpointError
 from .models import create_srvit
 
 #: {ratio: {feature: {"cosine": ..., "cosine_min": ..., "rel_l2": ...}}}
@@ -19,8 +20,8 @@ Fidelity = Dict[float, Dict[str, Dict[str, float]]]
 def fidelity_model(variant: str, overrides: Sequence[Tuple[str, Any]], checkpoint: str, size: int) -> torch.nn.Module:
     """The variant (with ``overrides``, its position table at ``size`` unless they set
     ``img_size``) in eval mode with the backbone of ``checkpoint`` (pretraining, detectron2 or
-    mmseg: found inside it); a SystemExit when backbone tensors are missing (a checkpoint of
-    another variant), a ``CheckpointError`` when they do not fit."""
+    mmseg: found inside it); a ``CheckpointError`` when backbone tensors are missing (a checkpoint
+    of another variant) or do not fit."""
     kwargs = dict(overrides)
     kwargs.setdefault("img_size", size)
     model = create_srvit(variant, num_classes=0, **kwargs).eval()
@@ -28,8 +29,8 @@ def fidelity_model(variant: str, overrides: Sequence[Tuple[str, Any]], checkpoin
     report = load_pretrained(model, checkpoint, allow_partial=True)
     missing = [k for k in report.required_missing if not k.startswith("norm.")]
     if missing:
-        raise SystemExit(f"{checkpoint} does not fit {variant}: {len(missing)} backbone tensors are missing, "
-                         f"e.g. {missing[:3]}; pass the variant (and --set overrides) it was trained with")
+        raise CheckpointError(f"{checkpoint} does not fit {variant}: {len(missing)} backbone tensors are missing, "
+                              f"e.g. {missing[:3]}; pass the variant (and --set overrides) it was trained with")
     return model
 
 

@@ -22,7 +22,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from .amp import amp_dtype, autocast
-from .checkpoint import CheckpointError, LoadReport, load_pretrained, read_checkpoint
+from .checkpoint import LoadReport, load_pretrained, read_checkpoint
+from .errors import ConfigError, InputError
 from .export import RESERVED, table_img_size
 from .images import load_image, to_batch
 from .models import create_srvit
@@ -34,56 +35,52 @@ def build_model(variant: str, overrides: Sequence[Tuple[str, object]] = (), chec
                 size: int = 224, amp: bool = False,
                 device: str = "cpu") -> Tuple[torch.nn.Module, List[int], Optional[LoadReport]]:
     """(the variant with the checkpoint's weights, or random ones, cut after its last routed unit,
-    its routed units, the checkpoint's ``LoadReport``: None for a random model). A SystemExit
-    says why the request cannot be served: a checkpoint that is none or does not fit, a reserved
-    argument, no router, ``size`` not a multiple of the patch size, ``amp`` where the device has
-    none."""
+    its routed units, the checkpoint's ``LoadReport``: None for a random model).
+
+    Raises:
+        CheckpointError: a file that is no checkpoint, or one that does not fit (another width or T).
+        ConfigError: a reserved argument, no router, ``size`` not a multiple of the patch size,
+            ``amp`` where the device has none."""
     if amp:
         try:
             amp_dtype(device)
         except ValueError as e:
-            raise SystemExit(f"error: {e}") from None
+            raise ConfigError(str(e)) from None
     overrides = dict(overrides)
     reserved = sorted(set(overrides) & set(RESERVED))
     if reserved:
-        raise SystemExit(f"error: {reserved} cannot be set: the tool builds the model at the checkpoint's "
-                         f"position-table size (224 for a random model) without a classifier")
-    try:
-        weights = read_checkpoint(checkpoint) if checkpoint else None
-        img_size = (table_img_size(weights) if weights is not None else None) or 224
-    except CheckpointError as e:
-        raise SystemExit(f"error: {e}") from None
+        raise ConfigError(f"{reserved} cannot be set: the tool builds the model at the checkpoint's "
+                          f"position-table size (224 for a random model) without a classifier")
+    weights = read_checkpoint(checkpoint) if checkpoint else None
+    img_size = (table_img_size(weights) if weights is not None else None) or 224
     kwargs = dict(num_classes=0, img_size=img_size, zero_init_recursion=weights is not None)
     try:
         model = create_srvit(variant, **dict(kwargs, **overrides))
     except (TypeError, ValueError) as e:
-        raise SystemExit(f"error: cannot build {variant} with {overrides}: {e}") from None
+        raise ConfigError(f"cannot build {variant} with {overrides}: {e}") from None
     units = routed_units(model)
     if not units:
-        raise SystemExit(f"error: {variant} (T={model.num_steps}, aggregation "
-                         f"'{model.units[1].aggregation}') has no router: T=1 and 'last' aggregation use no mixture "
-                         f"weights; pick an SR-ViT variant with T >= 2 and 'soft' or 'hard' aggregation")
+        raise ConfigError(f"{variant} (T={model.num_steps}, aggregation "
+                          f"'{model.units[1].aggregation}') has no router: T=1 and 'last' aggregation use no mixture "
+                          f"weights; pick an SR-ViT variant with T >= 2 and 'soft' or 'hard' aggregation")
     patch = model.patch_size
     if size < patch or size % patch:
         lower = size // patch * patch
         near = f"{lower} or {lower + patch}" if lower >= patch else f"{patch}"
-        raise SystemExit(f"error: --size {size} is not a multiple of the patch size {patch}: use {near}")
+        raise ConfigError(f"--size {size} is not a multiple of the patch size {patch}: use {near}")
     # the units after the last router (and the final norm, the classifier) play no part
     model.prune_intermediate_layers(units, prune_norm=True)
-    try:
-        report = load_pretrained(model, weights, prefer_ema=ema) if weights is not None else None
-    except CheckpointError as e:  # of another width or T
-        raise SystemExit(f"error: {e}") from None
+    report = load_pretrained(model, weights, prefer_ema=ema) if weights is not None else None
     return model.eval().to(device), units, report
 
 
 def picture_names(paths: Sequence[Optional[str]]) -> List[str]:
-    """The name each image's pictures take (its file's stem; "astronaut" for None), or a
-    SystemExit when two images share one."""
+    """The name each image's pictures take (its file's stem; "astronaut" for None), or an
+    ``InputError`` when two images share one."""
     stems = [os.path.splitext(os.path.basename(p))[0] if p is not None else "astronaut" for p in paths]
     twins = sorted({s for s in stems if stems.count(s) > 1})
     if twins:
-        raise SystemExit(f"error: several inputs are named {twins} (the PNGs are named after the image): "
+        raise InputError(f"several inputs are named {twins} (the PNGs are named after the image): "
                          f"give them different names or visualise them in separate runs")
     return stems
 

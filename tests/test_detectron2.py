@@ -22,7 +22,7 @@ from detectron2.utils.events import EventStorage
 from omegaconf import OmegaConf
 
 import srvit_backbones
-from srvit_backbones import CheckpointError, create_srvit, load_pretrained
+from srvit_backbones import CheckpointError, ConfigError, create_srvit, load_pretrained
 from srvit_backbones.amp import cpu_has_native_fp16
 from srvit_backbones.detectron2 import (SRViTBackbone, SRViTCheckpointer, add_srvit_config, srvit_optimizer_params,
                                         train_net, validate_config)
@@ -568,14 +568,19 @@ def test_amp_on_the_cpu_trains_bf16_where_the_cpu_has_it(coco_root, tmp_path, mo
     assert weight.dtype == torch.float32 and not torch.equal(weight, before)
     assert math.isfinite(trainer.storage.latest()["total_loss"][0])
 
-    tool = load_tool("train_net")  # its parser and main, as launch runs them
-    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: False)
-    with pytest.raises(SystemExit, match=r"no native bf16 .*train.amp.enabled=False .*train.amp.precision=bf16"):
-        tool.main(tool.parse_args(argv))
-    with pytest.raises(SystemExit, match=r"train.amp.precision='fp32' is not one of \('fp16', 'bf16'\)"):
-        tool.main(tool.parse_args([*argv, "train.amp.precision=fp32"]))
-    with pytest.raises(SystemExit, match=r"runs on train.device cuda or cpu, got 'mps': pass train.amp.enabled=False"):
-        tool.main(tool.parse_args([*argv, "train.device=mps"]))
+    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: False)  # train_net.main: what each process runs
+    with pytest.raises(ConfigError, match=r"^config error: train.amp.enabled=True on the CPU trains bf16, but this "
+                                          r"CPU has no native bf16 .*train.amp.enabled=False "
+                                          r".*train.amp.precision=bf16"):
+        train_net.main(train_net_args(argv))
+    with pytest.raises(ConfigError, match=r"^config error: train.amp.precision='fp32' is not one of "
+                                          r"\('fp16', 'bf16'\)"):
+        train_net.main(train_net_args([*argv, "train.amp.precision=fp32"]))
+    with pytest.raises(ConfigError, match=r"^config error: train.amp.enabled=True runs on train.device cuda or cpu, "
+                                          r"got 'mps': pass train.amp.enabled=False"):
+        train_net.main(train_net_args([*argv, "train.device=mps"]))
+    with pytest.raises(SystemExit, match=r"^config error: train.amp.enabled=True on the CPU trains bf16"):
+        load_tool("train_net").main(train_net_args(argv))  # the tool's: the message, exit status 1
 
 
 def test_device_amp_trainer_steps_as_the_installed_amp_trainer():
@@ -863,19 +868,21 @@ def test_two_machines_train_as_one_and_a_killed_rank_ends_the_job(coco_root, tmp
 
 
 @pytest.mark.parametrize("override,error,match", [
-    ("train.init_checkpoint=missing.pth", SystemExit, "train.init_checkpoint='missing.pth' does not exist"),
+    ("train.init_checkpoint=missing.pth", CheckpointError, "^train.init_checkpoint='missing.pth' does not exist"),
     ("model.backbone.net.variant=srvit_q_t2", ValueError, "unknown SR-ViT variant 'srvit_q_t2'"),
-    ("model.backbone.square_pad=200", SystemExit, "square_pad=200 is not a multiple of the patch size 16"),
-    ("model.backbone.square_pad=128", SystemExit, "192 pixels, larger than model.backbone.square_pad=128"),
-    ("train.amp.precision=half", SystemExit, r"train.amp.precision='half' is not one of \('fp16', 'bf16'\)"),
+    ("model.backbone.square_pad=200", ConfigError,
+     "^config error: model.backbone.square_pad=200 is not a multiple of the patch size 16"),
+    ("model.backbone.square_pad=128", ConfigError,
+     "^config error: dataloader.train produces images of up to 192 pixels, larger than model.backbone.square_pad=128"),
+    ("train.amp.precision=half", ConfigError,
+     r"^config error: train.amp.precision='half' is not one of \('fp16', 'bf16'\)"),
     ("model.backbone.net.compile=yes", ValueError, r"compile='yes': give False \(eager\), True"),
     ("model.backbone.net.compile={mood:fast}", ValueError, r"compile=\{'mood': 'fast'\}: .*'mood'.*torch.compile's"),
 ])
 def test_train_net_bad_input_is_explained(tmp_path, override, error, match):
-    tool = load_tool("train_net")  # its parser and main, as launch runs them
-    args = tool.parse_args(["--config", QUICKSTART, f"train.output_dir={tmp_path}", override])
+    args = train_net_args(["--config", QUICKSTART, f"train.output_dir={tmp_path}", override])
     with pytest.raises(error, match=match):
-        tool.main(args)
+        train_net.main(args)  # what each launched process runs
 
 
 # ----------------------------------------------------------------------------- ViTDet window attention (_win)
@@ -1228,8 +1235,9 @@ def test_an_lvis_config_on_a_coco_file_is_explained(coco_root, lvis_names):
     coco_names = in_process_data(coco_root)
     args = train_net_args(["--config", "lvis/mask_rcnn_srvit_s_t3.py", "train.device=cpu", "train.amp.enabled=False",
                            lvis_names[0], coco_names[1]])
-    with pytest.raises(SystemExit, match=r"dataloader.test.dataset.names='srvit_synthetic_coco_val_\d+': its file .* "
-                                         r"lack the 'frequency' field .*lvis_v1_train.json / lvis_v1_val.json"):
+    with pytest.raises(ConfigError, match=r"^config error: dataloader.test.dataset.names="
+                                          r"'srvit_synthetic_coco_val_\d+': its file .* lack the 'frequency' field "
+                                          r".*lvis_v1_train.json / lvis_v1_val.json"):
         train_net.check_config(train_net.load_config(args))
 
 

@@ -12,9 +12,10 @@ import torch
 
 from srvit_backbones import create_srvit
 from srvit_backbones.amp import cpu_has_native_bf16
-from srvit_backbones.export import build_backbone, check_onnx, main, output_names
+from srvit_backbones import CheckpointError, ConfigError
+from srvit_backbones.export import ExportError, build_backbone, check_onnx, main, output_names
 
-from helpers import randomize_routers
+from helpers import load_tool, randomize_routers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(embed_dim=32, num_heads=2)
@@ -114,18 +115,28 @@ def test_bad_arguments_are_clear_errors(argv, message, capsys):
     assert re.search(message, capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--random-weights", "--check-sizes", "64x64", "40x48"], r"check sizes \['40x48'\] are not multiples of"),
-    (["--random-weights", "--set", "img_size=64"], r"\['img_size'\] cannot be overridden.*--img-size"),
-    (["--random-weights", "--set", "window_size=2"], "window_size=0, use_rel_pos=False.*one input size"),
-    (["--random-weights", "--set", "use_rel_pos=True"], "window_size=0, use_rel_pos=False.*one input size"),
-    (["--checkpoint", "missing.pth"], "checkpoint file not found: missing.pth"),
+@pytest.mark.parametrize("argv,error,message", [
+    (["--random-weights", "--check-sizes", "64x64", "40x48"], ExportError,
+     r"^check sizes \['40x48'\] are not multiples of"),
+    (["--random-weights", "--set", "img_size=64"], ExportError, r"^\['img_size'\] cannot be overridden.*--img-size"),
+    (["--random-weights", "--set", "window_size=2"], ExportError,
+     "^dynamic-size ONNX export .*window_size=0, use_rel_pos=False.*one input size"),
+    (["--random-weights", "--set", "use_rel_pos=True"], ExportError,
+     "^dynamic-size ONNX export .*window_size=0, use_rel_pos=False.*one input size"),
+    (["--checkpoint", "missing.pth"], CheckpointError, "^checkpoint file not found: missing.pth"),
 ])
-def test_unexportable_requests_fail_before_exporting(argv, message, tmp_path):
+def test_unexportable_requests_fail_before_exporting(argv, error, message, tmp_path):
     output = tmp_path / "x.onnx"
-    with pytest.raises(SystemExit, match=message):
+    with pytest.raises(error, match=message):
         main(["--model", "srvit_t_t2", "--output", str(output), *argv])
     assert not output.exists()
+
+
+def test_the_tool_ends_with_the_error_as_one_line(tmp_path):
+    """tools/export_onnx.py: the library's error as its exit message (status 1), "error: " before it."""
+    with pytest.raises(SystemExit, match=r"^error: checkpoint file not found: missing.pth$"):
+        load_tool("export_onnx").main(["--model", "srvit_t_t2", "--output", str(tmp_path / "x.onnx"),
+                                       "--checkpoint", "missing.pth"])
 
 
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16")
@@ -155,6 +166,7 @@ def test_amp_without_native_bf16_is_refused_before_exporting(monkeypatch, tmp_pa
 
     monkeypatch.setattr(srvit_backbones.amp, "cpu_has_native_bf16", lambda: False)
     output = tmp_path / "x.onnx"
-    with pytest.raises(SystemExit, match="no native bf16.*run without --amp"):
+    with pytest.raises(ConfigError, match="^--amp on the CPU runs bf16, but this CPU has no native bf16.*run without "
+                                          "--amp"):
         main(["--model", "srvit_t_t2", "--random-weights", "--output", str(output), "--amp"])
     assert not output.exists()

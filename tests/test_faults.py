@@ -16,10 +16,11 @@ from helpers import wait_for_text
 # a process that rewrites CHECKPOINT through faults.atomic_write and is stopped half-way through
 # the write (it prints "writing" and sleeps there, as a large checkpoint's write takes a while)
 HALF_WRITTEN = """
-import importlib.util, sys, time
-spec = importlib.util.spec_from_file_location("faults", sys.argv[2])  # torch only: no timm to import
-faults = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(faults)
+import os, sys, time, types
+package = types.ModuleType("srvit_backbones")  # the package's modules without its __init__: no timm to import
+package.__path__ = [os.path.dirname(sys.argv[2])]
+sys.modules["srvit_backbones"] = package
+from srvit_backbones import faults  # torch and srvit_backbones.errors only
 
 def write(f):
     f.write(b"new" * 100_000)

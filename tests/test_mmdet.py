@@ -32,7 +32,7 @@ from mmengine.structures import InstanceData
 
 import srvit_backbones
 import srvit_backbones.mmdet  # noqa: F401  (registers SRViT, SimpleFeaturePyramid, ...)
-from srvit_backbones import CheckpointError, amp, create_srvit, curves
+from srvit_backbones import CheckpointError, DataCheckError, amp, create_srvit, curves
 from srvit_backbones.detectron2 import SRViTBackbone as D2Backbone, SRViTCheckpointer, srvit_optimizer_params
 from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.rel_pos import is_rel_pos
@@ -1067,9 +1067,9 @@ def test_an_lvis_config_on_a_coco_file_is_explained(coco_root, lvis_root, tmp_pa
     argv = [LVIS_CASCADE, "--work-dir", str(tmp_path), "--cfg-options", *data]
     for wrong, where in ((f"train_dataloader.dataset.dataset.ann_file={coco_json}", "train_dataloader.dataset.dataset"),
                          (f"val_evaluator.ann_file={coco_json}", "val_evaluator")):
-        with pytest.raises(SystemExit, match=rf"{where}.ann_file: '.*instances_val2017.json' is not LVIS-format: "
-                                             rf"80 of its 80 categories \('person', id 1\) lack the 'frequency' field "
-                                             rf".*tools/make_synthetic_lvis.py"):
+        with pytest.raises(DataCheckError, match=rf"^{where}.ann_file: '.*instances_val2017.json' is not LVIS-format: "
+                                                 rf"80 of its 80 categories \('person', id 1\) lack the 'frequency' "
+                                                 rf"field .*tools/make_synthetic_lvis.py"):
             train_det.build_runner(argv + [wrong])
     test_det = load_tool("test_det")
     (tmp_path / "model.pth").touch()
@@ -1101,7 +1101,7 @@ def test_an_lvis_metric_among_several_evaluators_is_checked(coco_root, lvis_root
         if error is None:
             check_data(cfg, ("test_dataloader",))
         else:
-            with pytest.raises(SystemExit, match=error):
+            with pytest.raises(DataCheckError, match=error):
                 check_data(cfg, ("test_dataloader",))
 
 
@@ -1167,12 +1167,13 @@ def test_federated_loss_weights_are_lvis_v1s_whatever_the_data_path(lvis_root, t
 
     cfg.train_dataloader.dataset.dataset.update(data_root=str(lvis_root / "coco") + os.sep, ann_file=train)
     cfg.model.roi_head.bbox_head[2].loss_cls.image_counts = str(tmp_path / "counts.json")
-    with pytest.raises(SystemExit, match=r"^model.roi_head.bbox_head.2.loss_cls.image_counts: the federated loss's "
-                                         r"image_counts file '.*counts.json' does not exist"):
+    with pytest.raises(DataCheckError, match=r"^model.roi_head.bbox_head.2.loss_cls.image_counts: the federated "
+                                             r"loss's image_counts file '.*counts.json' does not exist"):
         check_data(cfg, ("train_dataloader",))
     cfg.model.roi_head.bbox_head[2].loss_cls.update(image_counts=train, num_classes=80)
-    with pytest.raises(SystemExit, match=r"^model.roi_head.bbox_head.2.loss_cls.image_counts: the federated loss "
-                                         r"has num_classes=80 but image_counts file '.*' lists 1203 categories"):
+    with pytest.raises(DataCheckError, match=r"^model.roi_head.bbox_head.2.loss_cls.image_counts: the federated "
+                                             r"loss has num_classes=80 but image_counts file '.*' lists 1203 "
+                                             r"categories"):
         check_data(cfg, ("train_dataloader",))
 
 

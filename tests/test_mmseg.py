@@ -27,7 +27,7 @@ from mmseg.utils import register_all_modules
 
 import srvit_backbones
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
-from srvit_backbones import CheckpointError, amp, create_srvit
+from srvit_backbones import CheckpointError, ConfigError, amp, create_srvit
 from srvit_backbones.openmmlab import hooks as openmmlab_hooks
 from srvit_backbones.openmmlab.hooks import AtomicLocalBackend, DivergenceCheckHook, SRViTCheckpointHook
 from srvit_backbones.openmmlab.optim_wrapper import DeviceAmpOptimWrapper
@@ -808,8 +808,8 @@ def test_amp_is_one_rule_for_both_openmmlab_tools(tmp_path, monkeypatch):
                                                                         r"optim_wrapper.type=OptimWrapper\)$"),
                                             ("OptimWrapper", True, "drop --amp to train in fp32$")):
             mps = Config(dict(launcher="none", optim_wrapper=dict(type=config_type)))
-            with pytest.raises(SystemExit, match=r"mixed precision .*CUDA and the CPU.* not on this run's 'mps' "
-                                                 r"device: " + fix):
+            with pytest.raises(ConfigError, match=r"^(--amp trains )?mixed precision .*CUDA and the CPU.* not on "
+                                                  r"this run's 'mps' device: " + fix):
                 apply_amp(mps, requested)
     common = [QUICKSTART, "--work-dir", str(tmp_path / "w")]
     with pytest.raises(SystemExit, match=r"--amp on the CPU runs bf16, but this CPU has no native bf16.*drop "
@@ -841,8 +841,8 @@ def test_amp_is_one_rule_for_both_openmmlab_tools(tmp_path, monkeypatch):
     apply_amp(cfg, requested=True)  # named: the GPU's fp16 path, on this CPU too
     assert cfg.optim_wrapper.type == "AmpOptimWrapper"
     cfg.optim_wrapper.dtype = "float32"  # mmengine's autocast would quietly run fp32 with a GradScaler
-    with pytest.raises(SystemExit, match=r"optim_wrapper.dtype='float32': mixed precision runs 'float16' or "
-                                         r"'bfloat16'.*optim_wrapper.type=OptimWrapper"):
+    with pytest.raises(ConfigError, match=r"^optim_wrapper.dtype='float32': mixed precision runs 'float16' or "
+                                          r"'bfloat16'.*optim_wrapper.type=OptimWrapper"):
         apply_amp(cfg, requested=False)
 
 

@@ -75,7 +75,8 @@ def _package_files(*folders):
 def test_imports_point_one_way():
     """models/ (torch + timm) <- checkpoint.py, layer_decay.py <- adapters <- tools: the core
     imports nothing of the package and no third-party module but torch and timm (the standard
-    library aside); the checkpoint reader and the layer-decay rule import the core only."""
+    library aside); the checkpoint reader and the layer-decay rule import the core (and the
+    errors) only; errors.py, the standard library only."""
     stdlib = set(sys.stdlib_module_names)
     for path in _package_files("models"):
         absolute, relative = _imports(path)
@@ -86,11 +87,58 @@ def test_imports_point_one_way():
         absolute, relative = _imports(os.path.join(ROOT, "srvit_backbones", name))
         third_party = sorted(m for m in absolute if m.split(".")[0] not in stdlib | {"torch", "timm", "safetensors"})
         assert third_party == [], f"{name} imports {third_party}"
-        assert all(level == 1 and module.split(".")[0] in ("models",) for level, module in relative), (name, relative)
-    for name in ("frameworks.py", "config_files.py"):  # the framework table: read before any framework
+        assert all(level == 1 and module.split(".")[0] in ("models", "errors") for level, module in relative), \
+            (name, relative)
+    for name in ("frameworks.py", "config_files.py", "errors.py"):  # the table, the errors: read first
         absolute, relative = _imports(os.path.join(ROOT, "srvit_backbones", name))
         assert sorted(m for m in absolute if m.split(".")[0] not in stdlib) == [], name
         assert relative <= {(1, "config_files")}, (name, relative)
+
+
+#: where the package may exit: the tools' ``main`` (errors.tool_main) and the ``python -m`` /
+#: console-script entry point's ``main`` and ``__main__`` block (collect_env)
+EXITS = {"errors.py": "tool_main", "collect_env.py": "main"}
+
+
+def _exits(tree, allowed):
+    """(line, what) of each exit in a module's syntax tree outside the function ``allowed`` and
+    its ``if __name__ == "__main__":`` block: ``SystemExit`` named (raised, caught, subclassed),
+    ``sys.exit`` / ``os._exit`` / ``exit`` / ``quit`` called."""
+    import ast
+
+    skipped = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.FunctionDef) and node.name == allowed) or (
+                allowed and isinstance(node, ast.If) and "__name__" in ast.unparse(node.test)):
+            skipped |= {id(inner) for inner in ast.walk(node)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Name) and node.id == "SystemExit" or \
+                isinstance(node, ast.Attribute) and node.attr == "SystemExit":
+            found.append((node.lineno, "SystemExit"))
+        elif isinstance(node, ast.Call):
+            name = ast.unparse(node.func)
+            if name in ("sys.exit", "os._exit", "exit", "quit"):
+                found.append((node.lineno, name))
+    return found
+
+
+def test_the_library_raises_and_only_entry_points_exit():
+    """Library code raises the package's typed errors (``srvit_backbones.errors``) and never ends
+    the process: a caller (a notebook, another tool) catches them. Only the tools' ``main``
+    (``errors.tool_main``) and ``collect_env``'s entry point may exit."""
+    import ast
+
+    package = os.path.join(ROOT, "srvit_backbones")
+    found = {}
+    for path in _package_files(""):
+        name = os.path.relpath(path, package)
+        exits = _exits(ast.parse(open(path).read()), EXITS.get(name))
+        if exits:
+            found[name] = exits
+    assert found == {}
 
 
 def _tools():

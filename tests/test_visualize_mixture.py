@@ -177,6 +177,21 @@ def test_bad_requests_are_clear_errors(argv, message, tmp_path):
     for name in ("a.jpg", "a.png"):
         Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "twins" / name)
     argv = [a.format(empty=tmp_path / "empty", twins=tmp_path / "twins") for a in argv]
-    with pytest.raises(SystemExit, match=message):
+    with pytest.raises(SystemExit, match="^error: .*" + message):  # the tool's one line
         tool.main([*argv, "--out-dir", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_the_library_raises_typed_errors(tmp_path):
+    """Called from Python, the pictures' model and the images raise the package's errors (the
+    tool prints them); a notebook catches them."""
+    from srvit_backbones.errors import ConfigError, InputError
+    from srvit_backbones.images import find_images
+    from srvit_backbones.mixture_pictures import build_model, picture_names
+
+    with pytest.raises(ConfigError, match=r"^--size 70 is not a multiple of the patch size 16: use 64 or 80$"):
+        build_model("srvit_t_t2", [("embed_dim", 64), ("num_heads", 2)], size=70)
+    with pytest.raises(InputError, match=r"^--input '.*missing.jpg' does not exist"):
+        find_images([str(tmp_path / "missing.jpg")])
+    with pytest.raises(InputError, match=r"^several inputs are named \['a'\]"):
+        picture_names(["x/a.jpg", "y/a.png"])

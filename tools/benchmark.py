@@ -12,7 +12,10 @@ the detector steps are ``srvit_backbones.detectron2.benchmark``).
     python tools/benchmark.py --model srvit_s_t3 --references --compile both
     python tools/benchmark.py --attention --size 1024 --batch-size 2
 """
-from srvit_backbones.benchmark.runner import main
+from srvit_backbones.benchmark import runner
+from srvit_backbones.errors import tool_main
+
+main = tool_main(runner.main)
 
 if __name__ == "__main__":
     main()

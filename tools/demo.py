@@ -26,10 +26,12 @@ import os
 import torch
 
 from srvit_backbones.demo import check_device, relative_names, run_demo
+from srvit_backbones.errors import tool_main
 from srvit_backbones.frameworks import adapter, frameworks, load_config
 from srvit_backbones.images import find_images
 
 
+@tool_main
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="config file, or the name of a shipped config (mask_rcnn_srvit_s_t3.py)")

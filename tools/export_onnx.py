@@ -15,7 +15,10 @@ largest magnitude. ``--amp`` keeps the exported graph fp32 and adds to the check
 model under bf16 autocast on the CPU (where the CPU has native bf16), printing its difference
 to the fp32 ONNX outputs: what bf16 inference would cost in accuracy.
 """
-from srvit_backbones.export import main
+from srvit_backbones import export
+from srvit_backbones.errors import tool_main
+
+main = tool_main(export.main, prefix="error: ")
 
 if __name__ == "__main__":
     main()

@@ -17,11 +17,13 @@ import argparse
 import json
 import sys
 
+from srvit_backbones.errors import tool_main
 from srvit_backbones.export import parse_override
 from srvit_backbones.images import find_images, load_image, to_batch
 from srvit_backbones.merge_fidelity import fidelity, fidelity_model, fidelity_table
 
 
+@tool_main
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="variant, e.g. srvit_s_t3")

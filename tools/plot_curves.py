@@ -12,18 +12,17 @@ iteration, the base lr, AP in percent): ``srvit_backbones.curves``.
 """
 import argparse
 
-from srvit_backbones.curves import CurvesError, plot_curves
+from srvit_backbones.curves import plot_curves
+from srvit_backbones.errors import tool_main
 
 
+@tool_main
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", help="metrics.json, scalars.json, or a run's output / work dir")
     parser.add_argument("--output", help="PNG to write (default: curves.png in the run's folder)")
     args = parser.parse_args(argv)
-    try:
-        _, output = plot_curves(args.path, args.output)
-    except CurvesError as e:
-        raise SystemExit(str(e)) from None
+    _, output = plot_curves(args.path, args.output)
     print(f"training curves: {output}")
 
 

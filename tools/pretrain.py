@@ -16,9 +16,11 @@ import logging
 import torch
 import torch.distributed as dist
 
+from srvit_backbones.errors import tool_main
 from srvit_backbones.pretrain import recipe, trainer
 
 
+@tool_main
 def main(argv=None):
     args = recipe.parse(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", datefmt="%m/%d %H:%M:%S")

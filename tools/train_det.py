@@ -6,6 +6,7 @@
     torchrun --nproc_per_node 8 tools/train_det.py mmdet_configs/mask_rcnn_srvit_s_t3_lsj.py --launcher pytorch
     python tools/train_det.py mask_rcnn_srvit_s_t3_lsj.py --resume     # configs are also found by name
 """
+from srvit_backbones.errors import tool_main
 from srvit_backbones.openmmlab import entry
 
 
@@ -14,6 +15,7 @@ def build_runner(argv=None):
     return entry.build_train_runner("mmdet", argv)
 
 
+@tool_main
 def main(argv=None):
     entry.run_train("mmdet", argv)
 

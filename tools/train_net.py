@@ -18,7 +18,7 @@ built (tools/check_data.py's check; ``--skip-data-check`` skips it).
 from detectron2.engine import default_argument_parser
 
 from srvit_backbones.detectron2 import faults, train_net
-from srvit_backbones.detectron2.train_net import main  # what each launched process runs
+from srvit_backbones.errors import tool_main
 
 
 def parse_args(argv=None):
@@ -27,7 +27,19 @@ def parse_args(argv=None):
     return train_net.parse_args(default_argument_parser(epilog=__doc__), argv)
 
 
-if __name__ == "__main__":
-    args = parse_args()
+@tool_main
+def main(args):
+    """What each launched process runs (``train_net.main``); an SRViTError ends that process with
+    its message (exit status 1, which ends the job)."""
+    return train_net.main(args)
+
+
+@tool_main
+def run(args):
+    """The data check, then ``main`` in every process of the job (``faults.launch``)."""
     train_net.check_data(args)
     faults.launch(main, args)
+
+
+if __name__ == "__main__":
+    run(parse_args())

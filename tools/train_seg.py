@@ -6,6 +6,7 @@
     torchrun --nproc_per_node 8 tools/train_seg.py mmseg_configs/upernet_srvit_s.py --launcher pytorch
     python tools/train_seg.py upernet_srvit_s.py --resume     # configs are also found by name
 """
+from srvit_backbones.errors import tool_main
 from srvit_backbones.openmmlab import entry
 
 
@@ -14,6 +15,7 @@ def build_runner(argv=None):
     return entry.build_train_runner("mmseg", argv)
 
 
+@tool_main
 def main(argv=None):
     entry.run_train("mmseg", argv)
 

@@ -22,12 +22,14 @@ aggregation the applied weights are one-hot: the entropy is 0 everywhere.
 import argparse
 import sys
 
+from srvit_backbones.errors import tool_main
 from srvit_backbones.export import parse_override
 from srvit_backbones.images import find_images
 from srvit_backbones.mixture_pictures import (build_model, describe_image, describe_summary, draw_pictures,
                                               draw_summary, picture_names)
 
 
+@tool_main(prefix="error: ")
 def main(argv=None):
     """Returns the per-image statistics (``images``: path, png, size, units) and the summary."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -281,7 +281,7 @@ def run_checks(names, args, device, command: str, report: Callable[[str], None] 
         started = time.time()
         try:
             entry = dict(dict(ok=True), **CHECKS[name](args, device))
-        except (Exception, SystemExit) as e:  # one failing check does not hide the others' figures
+        except Exception as e:  # one failing check does not hide the others' figures
             entry = dict(ok=False, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
         entry["wall_s"] = round(time.time() - started, 1)
         result["checks"][name] = entry

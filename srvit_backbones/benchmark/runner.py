@@ -82,6 +82,7 @@ import timm
 import torch
 
 from .. import amp
+from ..errors import ConfigError, SRViTError
 from ..models import VARIANTS
 from .attention import ATTENTION_DTYPES, attention_rows, report_attention
 from .backbones import (REFERENCE_SAME_DEPTH, REFERENCE_VITDET, SAME_DEPTH, backbone_step, build, parse_variant,
@@ -222,7 +223,7 @@ def measure_peak_memory(job, args):
         result = dict(error="the process ended without a result")
     process.join()
     if "error" in result:
-        sys.exit(f"peak-memory measurement failed ({label(job)}):\n{result['error'][-3000:]}")
+        raise SRViTError(f"peak-memory measurement failed ({label(job)}):\n{result['error'][-3000:]}")
     return result
 
 
@@ -358,8 +359,8 @@ def parse_args(argv=None):
 
 
 def check_args(args):
-    """Every problem with the arguments at once, each with what to do; returns the parsed
-    variants [(name, core arguments)] and the autocast dtype (None without --amp)."""
+    """Every problem with the arguments at once, each with what to do (a ``ConfigError``);
+    returns the parsed variants [(name, core arguments)] and the autocast dtype (None without --amp)."""
     errors, variants, dtype = [], [], None
     if args.model not in VARIANTS:
         errors.append(f"unknown --model {args.model!r}; known: {', '.join(VARIANTS)}")
@@ -414,7 +415,7 @@ def check_args(args):
             except (FileNotFoundError, ValueError) as e:
                 errors.append(str(e))
     if errors:
-        sys.exit("benchmark: " + "; ".join(errors))
+        raise ConfigError("benchmark: " + "; ".join(errors))
     return variants, dtype
 
 
@@ -451,7 +452,8 @@ def write_json(path, result):
 
 
 def main(argv=None):
-    """tools/benchmark.py: parse ``argv``, time, report; returns the result written to --json."""
+    """tools/benchmark.py: parse ``argv``, time, report; returns the result written to --json
+    (``ConfigError`` for arguments that cannot run)."""
     args = parse_args(argv)
     variants, dtype = check_args(args)
     device = torch.device(args.device)

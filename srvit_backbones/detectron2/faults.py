@@ -9,6 +9,7 @@ from detectron2.engine import HookBase
 from detectron2.engine import launch as detectron2_launch
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
+from ..errors import SRViTError
 from ..faults import MAX_CONSECUTIVE_SKIPPED_STEPS, Diverged, SkippedStepCounter, collective_timeout, divergence_message
 
 FIXES = ("a lower optimizer.lr (or a longer lr_multiplier.warmup_length)",
@@ -59,16 +60,17 @@ def launch(main, args) -> None:
     """detectron2's ``launch`` with ``default_argument_parser``'s arguments (``--num-gpus``,
     ``--num-machines``, ``--machine-rank``, ``--dist-url``) and the collective timeout. Where a
     process of this machine dies (a SIGKILL, the OOM killer) or raises, torch reports "process 0
-    terminated with signal SIGKILL", its index on this machine: the exit names its global rank."""
+    terminated with signal SIGKILL", its index on this machine: the ``SRViTError`` raised then
+    names its global rank."""
     try:
         detectron2_launch(main, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
                           dist_url=args.dist_url, args=(args,), timeout=collective_timeout())
     except (ProcessExitedException, ProcessRaisedException) as e:
         rank = args.machine_rank * args.num_gpus + e.error_index
         if isinstance(e, ProcessRaisedException):
-            raise SystemExit(f"rank {rank} (process {e.error_pid} on machine {args.machine_rank}) failed: the job is "
+            raise SRViTError(f"rank {rank} (process {e.error_pid} on machine {args.machine_rank}) failed: the job is "
                              f"stopped; its error is above") from e
         how = f"was killed by signal {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
-        raise SystemExit(f"rank {rank} (process {e.error_pid} on machine {args.machine_rank}) {how}: the job is "
+        raise SRViTError(f"rank {rank} (process {e.error_pid} on machine {args.machine_rank}) {how}: the job is "
                          f"stopped; continue it with --resume (the last complete checkpoint in train.output_dir)") from e
 

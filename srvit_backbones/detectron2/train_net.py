@@ -6,7 +6,6 @@ evaluation. The tool keeps detectron2's ``default_argument_parser`` and ``launch
 (``faults.launch``); ``main`` is what each launched process runs."""
 import logging
 import os
-import sys
 
 from detectron2.config import instantiate
 from detectron2.engine import default_setup, default_writers, hooks
@@ -16,6 +15,7 @@ from detectron2.utils import comm
 
 from ..config_files import resolve_config
 from ..data_check import add_coco_arguments, add_skip_argument
+from ..errors import CheckpointError, ConfigError
 from . import custom_data, faults, training
 from .checkpoint import SRViTCheckpointer
 from .validate import validate_config
@@ -37,16 +37,17 @@ def parse_args(parser, argv=None):
 
 
 def check_config(cfg):
-    """Fail early, with the fix, on settings that would fail deep inside detectron2."""
+    """Fail early, with the fix, on settings that would fail deep inside detectron2: a
+    ``ConfigError``, or a ``CheckpointError`` for a ``train.init_checkpoint`` that does not exist."""
     try:
         validate_config(cfg)
     except ValueError as e:
-        sys.exit(f"config error: {e}")
+        raise ConfigError(f"config error: {e}") from None
     ckpt = cfg.train.init_checkpoint
     if ckpt and "://" not in ckpt and not os.path.isfile(ckpt):
-        sys.exit(f"train.init_checkpoint={ckpt!r} does not exist: produce it with tools/pretrain.py "
-                 f"(or tools/convert_checkpoint.py), point train.init_checkpoint at it, or set "
-                 f"train.init_checkpoint='' to start from scratch")
+        raise CheckpointError(f"train.init_checkpoint={ckpt!r} does not exist: produce it with tools/pretrain.py "
+                              f"(or tools/convert_checkpoint.py), point train.init_checkpoint at it, or set "
+                              f"train.init_checkpoint='' to start from scratch")
     if not ckpt:
         logger.warning("train.init_checkpoint is empty: the backbone starts from random initialisation")
 
@@ -111,11 +112,12 @@ def do_train(args, cfg):
 
 
 def load_config(args):
-    """The config named by ``args`` (a path or a shipped name) with its ``key=value`` overrides."""
+    """The config named by ``args`` (a path or a shipped name) with its ``key=value`` overrides;
+    a ``ConfigError`` when it cannot be found or read."""
     try:
         return training.load_config(args.config_file, args.opts, args.coco_train, args.coco_val)
     except (FileNotFoundError, ValueError) as e:
-        sys.exit(f"config error: {e}")
+        raise ConfigError(f"config error: {e}") from None
 
 
 def check_data(args):

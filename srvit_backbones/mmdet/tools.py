@@ -6,6 +6,7 @@ import os
 from mmengine.config import Config
 
 from ..data_check import add_coco_arguments, add_skip_argument, coco_categories
+from ..errors import ConfigError, InputError
 from ..openmmlab import data_check as openmmlab_data_check
 from ..openmmlab import tools as openmmlab_tools
 from ..openmmlab.entry import ScriptOptions, add_amp_argument
@@ -33,7 +34,7 @@ class MMDetScriptOptions(ScriptOptions):
     def apply_train_arguments(self, cfg, args):
         if args.auto_scale_lr:
             if "auto_scale_lr" not in cfg or "base_batch_size" not in cfg.auto_scale_lr:
-                raise SystemExit("--auto-scale-lr needs auto_scale_lr=dict(base_batch_size=...) in the config")
+                raise ConfigError("--auto-scale-lr needs auto_scale_lr=dict(base_batch_size=...) in the config")
             cfg.auto_scale_lr.enable = True
         if args.resume == "auto":
             cfg.resume, cfg.load_from = True, None
@@ -42,7 +43,7 @@ class MMDetScriptOptions(ScriptOptions):
 
     def check_test_arguments(self, args):
         if args.out is not None and not args.out.endswith((".pkl", ".pickle")):
-            raise SystemExit(f"--out {args.out!r}: the dump is a pickle file, give a name ending in .pkl")
+            raise ConfigError(f"--out {args.out!r}: the dump is a pickle file, give a name ending in .pkl")
 
     def apply_test_arguments(self, cfg, args):
         if args.show_dir:
@@ -71,15 +72,16 @@ def use_coco_files(cfg: Config, train, val=None) -> None:
     """``cfg`` on your own COCO-format data, in place: ``train`` / ``val`` = (json_file,
     image folder); every loader's dataset reads them with ``metainfo.classes`` = the file's
     category names (in id order), the CocoMetrics read the validation file, and the heads'
-    ``num_classes`` is the number of categories."""
+    ``num_classes`` is the number of categories. ``ConfigError`` for ``val`` without ``train``,
+    ``InputError`` for an annotation file that does not exist."""
     if not train:
         if val:
-            raise SystemExit("--coco-val needs --coco-train (the training split sizes the heads)")
+            raise ConfigError("--coco-val needs --coco-train (the training split sizes the heads)")
         return
     val = val or train
     for ann_file, _ in (train, val):
         if not os.path.isfile(ann_file):
-            raise SystemExit(f"annotation file {ann_file} does not exist: pass the COCO-format JSON of the split")
+            raise InputError(f"annotation file {ann_file} does not exist: pass the COCO-format JSON of the split")
     classes = tuple(c["name"] for c in coco_categories(train[0]))
     for loader, (ann_file, images) in (("train_dataloader", train), ("val_dataloader", val),
                                        ("test_dataloader", val)):
@@ -107,8 +109,8 @@ def check_data(cfg: Config, loaders, read_files: bool = False) -> None:
 def check_lvis_data(cfg: Config, loaders) -> None:
     """An LVIS dataset's and LVISMetric's annotation files must be LVIS-format, and a training
     config's federated losses must find ``num_classes`` image counts (LVIS v1's shipped ones, or
-    their ``image_counts`` file): stop naming the field and the fix otherwise (mmdet would train on
-    COCO's ids read as LVIS's and fail at its first evaluation, or at its first loss)."""
+    their ``image_counts`` file): an ``LVISFormatError`` naming the field and the fix otherwise (mmdet
+    would train on COCO's ids read as LVIS's and fail at its first evaluation, or at its first loss)."""
     from ..lvis import LVIS_V1, LVISFormatError, check_lvis_annotations, class_image_counts
 
     files = []
@@ -124,15 +126,12 @@ def check_lvis_data(cfg: Config, loaders) -> None:
             if evaluator.get("type") == "LVISMetric" and evaluator.get("ann_file"):
                 files.append((f"{where}.ann_file", evaluator["ann_file"]))
     for where, path in files:
-        try:
-            check_lvis_annotations(path, f"{where}:")
-        except LVISFormatError as e:
-            raise SystemExit(str(e)) from None
+        check_lvis_annotations(path, f"{where}:")
     for where, loss in _federated_losses(cfg.get("model"), "model") if "train_dataloader" in loaders else ():
         try:
             class_image_counts(loss.get("image_counts", LVIS_V1), loss.get("num_classes", 1203))
         except LVISFormatError as e:
-            raise SystemExit(f"{where}.image_counts: {e}") from None
+            raise LVISFormatError(f"{where}.image_counts: {e}") from None
 
 
 def _federated_losses(node, where):

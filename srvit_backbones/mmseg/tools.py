@@ -8,6 +8,7 @@ import os
 from mmengine.config import Config
 
 from ..data_check import add_segmentation_arguments, add_skip_argument
+from ..errors import ConfigError, InputError
 from ..openmmlab import data_check as openmmlab_data_check
 from ..openmmlab import tools as openmmlab_tools
 from ..openmmlab.entry import ScriptOptions, add_amp_argument
@@ -65,7 +66,8 @@ def load_config(args) -> Config:
 
 def read_class_file(path: str):
     """(class names, palette or None) of a class file: a line ``NAME [R G B]`` per class, blank
-    lines and ``#`` comments skipped; the palette when every line has a colour."""
+    lines and ``#`` comments skipped; the palette when every line has a colour. An ``InputError``
+    names a line that is none, or a file without classes."""
     names, palette = [], []
     with open(path) as f:
         for number, line in enumerate(f, 1):
@@ -74,21 +76,22 @@ def read_class_file(path: str):
                 continue
             if len(fields) not in (1, 4) or (len(fields) == 4 and not all(v.isdigit() and int(v) < 256
                                                                             for v in fields[1:])):
-                raise SystemExit(f"{path} line {number}: {line.strip()!r}: expected 'NAME' or 'NAME R G B' "
+                raise InputError(f"{path} line {number}: {line.strip()!r}: expected 'NAME' or 'NAME R G B' "
                                  f"(colour values 0-255)")
             names.append(fields[0])
             if len(fields) == 4:
                 palette.append([int(v) for v in fields[1:]])
     if not names:
-        raise SystemExit(f"{path} lists no class: write one 'NAME [R G B]' line per class")
+        raise InputError(f"{path} lists no class: write one 'NAME [R G B]' line per class")
     return tuple(names), (palette if len(palette) == len(names) else None)
 
 
 def _suffix(folder: str) -> str:
-    """The most common file extension in ``folder`` (the dataset's ``img_suffix``)."""
+    """The most common file extension in ``folder`` (the dataset's ``img_suffix``); an
+    ``InputError`` when it holds no file."""
     counts = collections.Counter(os.path.splitext(name)[1] for _, _, files in os.walk(folder) for name in files)
     if not counts:
-        raise SystemExit(f"{folder} holds no files: pass the folder of the split's images")
+        raise InputError(f"{folder} holds no files: pass the folder of the split's images")
     return counts.most_common(1)[0][0]
 
 
@@ -107,13 +110,14 @@ def use_seg_folders(cfg: Config, train, val=None, class_file=None, reduce_zero_l
     """``cfg`` on your own folders, in place: ``train`` / ``val`` = (image folder, label folder),
     read by mmseg's ``BaseSegDataset`` with the images' suffix, ``.png`` label maps,
     ``reduce_zero_label`` (in the datasets and every ``LoadAnnotations``), ``metainfo`` from the
-    class file; the heads' ``num_classes`` is the number of classes."""
+    class file; the heads' ``num_classes`` is the number of classes. A ``ConfigError`` when the
+    options do not go together."""
     if not train:
         if val or class_file:
-            raise SystemExit("--seg-val and --classes go with --seg-train (the folders to train on)")
+            raise ConfigError("--seg-val and --classes go with --seg-train (the folders to train on)")
         return
     if not class_file:
-        raise SystemExit("--seg-train needs --classes FILE: a line 'NAME [R G B]' per class")
+        raise ConfigError("--seg-train needs --classes FILE: a line 'NAME [R G B]' per class")
     classes, palette = read_class_file(class_file)
     metainfo = dict(classes=classes, **({"palette": palette} if palette else {}))
     val = val or train

@@ -11,6 +11,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 from mmengine.config import Config
 
 from ..data_check import CocoSplit, SegSplit, coco_categories, run_check
+from ..errors import ConfigError
 from .tools import datasets
 
 DatasetDefaults = Callable[[str], Dict]
@@ -112,7 +113,7 @@ def check_num_classes(cfg: Config, loaders: Iterable[str], dataset_defaults: Dat
                       fix: str) -> None:
     """Every ``num_classes`` of the model equals the number of classes of every dataset, a COCO
     file's categories are all among the dataset's classes (mmdet drops the annotations of the
-    others without a word), and the datasets share their classes. ``SystemExit`` naming both
+    others without a word), and the datasets share their classes. ``ConfigError`` naming both
     numbers and ``fix`` (how the tool sizes the head from the data) otherwise."""
     first: Optional[tuple] = None
     for where, dataset in _file_datasets(cfg, loaders):
@@ -125,7 +126,7 @@ def check_num_classes(cfg: Config, loaders: Iterable[str], dataset_defaults: Dat
         if by_name and ann_file.endswith(".json") and os.path.isfile(ann_file):
             unnamed = [c["name"] for c in coco_categories(ann_file) if c["name"] not in classes]
             if unnamed:
-                raise SystemExit(
+                raise ConfigError(
                     f"{where}: {ann_file} has categories that the dataset's classes do not name: "
                     f"{', '.join(unnamed[:5])}{', ...' if len(unnamed) > 5 else ''} ({len(classes)} classes: "
                     f"{_names(classes)}); their annotations would be dropped. Set {where}.metainfo.classes to "
@@ -133,12 +134,12 @@ def check_num_classes(cfg: Config, loaders: Iterable[str], dataset_defaults: Dat
         if first is None:
             first = (where, classes)
         elif tuple(classes) != tuple(first[1]):
-            raise SystemExit(f"{where} has {len(classes)} classes ({_names(classes)}), {first[0]} "
-                             f"{len(first[1])} ({_names(first[1])}): the datasets need the same classes")
+            raise ConfigError(f"{where} has {len(classes)} classes ({_names(classes)}), {first[0]} "
+                              f"{len(first[1])} ({_names(first[1])}): the datasets need the same classes")
         for key, value in model_num_classes(cfg.model):
             if value != len(classes):
-                raise SystemExit(f"{key}={value} but {where} has {len(classes)} classes ({_names(classes)}): "
-                                 f"set {key}={len(classes)}; {fix}")
+                raise ConfigError(f"{key}={value} but {where} has {len(classes)} classes ({_names(classes)}): "
+                                  f"set {key}={len(classes)}; {fix}")
 
 
 def _names(classes: Sequence[str]) -> str:
@@ -159,9 +160,10 @@ def set_num_classes(node, num_classes: int) -> None:
 
 
 def innermost_dataset(cfg: Config, loader: str) -> dict:
-    """The dataset config of ``loader`` that reads the files (inside its wrappers)."""
+    """The dataset config of ``loader`` that reads the files (inside its wrappers); a
+    ``ConfigError`` when it holds several."""
     found = list(_innermost(cfg[loader].get("dataset"), loader))
     if len(found) != 1:
-        raise SystemExit(f"{loader} holds {len(found)} datasets: a custom dataset replaces a single one; "
-                         f"edit the config instead")
+        raise ConfigError(f"{loader} holds {len(found)} datasets: a custom dataset replaces a single one; "
+                          f"edit the config instead")
     return found[0][1]

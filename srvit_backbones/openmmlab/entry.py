@@ -15,6 +15,7 @@ from mmengine.config import Config, DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
+from ..errors import CheckpointError
 from ..frameworks import adapter
 from .fine_tune import check_load_from
 from .runner import SRViTRunner
@@ -127,11 +128,12 @@ def parse_test_args(framework: str, argv=None) -> argparse.Namespace:
 
 def build_test_runner(framework: str, argv=None) -> Runner:
     """The Runner the test tool tests: the checkpoint's weights (``load_from``) on the config
-    with the command line applied, the test data's files checked first."""
+    with the command line applied, the test data's files checked first (a ``CheckpointError``
+    when the checkpoint file does not exist)."""
     tools = adapter(framework).tools
     args = parse_test_args(framework, argv)
     if not osp.isfile(args.checkpoint):
-        raise SystemExit(f"checkpoint {args.checkpoint!r} does not exist")
+        raise CheckpointError(f"checkpoint {args.checkpoint!r} does not exist")
     tools.SCRIPT_OPTIONS.check_test_arguments(args)
     cfg = tools.load_config(args)
     cfg.load_from = args.checkpoint

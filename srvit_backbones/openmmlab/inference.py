@@ -36,9 +36,9 @@ class CheckedWeightsInferencer:
 
     @classmethod
     def from_file(cls, cfg, checkpoint: str, device: Optional[str] = None, amp: bool = False, hint: str = ""):
-        """The inferencer of ``cfg`` with the weights of the file ``checkpoint``, or a SystemExit
-        that says why they do not fit and, with ``hint``, where a checkpoint that fits comes from
-        (``srvit_backbones.demo.read_weights``)."""
+        """The inferencer of ``cfg`` with the weights of the file ``checkpoint``, or a
+        ``CheckpointError`` that says why they do not fit and, with ``hint``, where a checkpoint
+        that fits comes from (``srvit_backbones.demo.read_weights``)."""
         read, _ = read_weights(checkpoint, "state_dict", cls.framework, hint)
         with refused_unless_it_fits(hint):
             return cls(cfg, read, checkpoint, device=device, amp=amp)

@@ -17,6 +17,7 @@ from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
 
 from ..config_files import resolve_config
+from ..errors import ConfigError, DataCheckError
 from ..faults import COLLECTIVE_TIMEOUT_S, collective_timeout
 from .optim_wrapper import (MMENGINE_AMP_DEVICES, DeviceAmpOptimWrapper, amp_optim_dtype, cpu_mixed_precision_refusal,
                             device_kind)
@@ -42,7 +43,7 @@ def apply_amp(cfg: Config, requested: bool) -> None:
     of what asked for it: a model whose framework cannot train it so on a CPU
     (``cpu_mixed_precision_refusal``), a CPU without native bf16 and no dtype named
     (``srvit_backbones.amp``'s rule: never a silent fp32 run, nor emulated bf16, which is slower
-    than fp32), a device other than CUDA, the CPU, NPU, MLU or MUSA."""
+    than fp32), a device other than CUDA, the CPU, NPU, MLU or MUSA: a ``ConfigError``."""
     kind = optim_wrapper_class(cfg.optim_wrapper)
     switched = requested and not (kind and issubclass(kind, AmpOptimWrapper))  # --amp made it AmpOptimWrapper
     if switched:
@@ -54,9 +55,9 @@ def apply_amp(cfg: Config, requested: bool) -> None:
     device_type = device_kind(cfg.optim_wrapper.get("device_type") or get_device())
     refused = cpu_mixed_precision_refusal(cfg) if device_type == "cpu" else None
     if refused:
-        raise SystemExit(refused + (": drop --amp to train in fp32" if switched else
-                                    ": train in fp32, --cfg-options optim_wrapper.type=OptimWrapper"
-                                    + (", and drop --amp" if requested else "")))
+        raise ConfigError(refused + (": drop --amp to train in fp32" if switched else
+                                     ": train in fp32, --cfg-options optim_wrapper.type=OptimWrapper"
+                                     + (", and drop --amp" if requested else "")))
     try:
         with warnings.catch_warnings():  # an emulated dtype: the wrapper warns when it is built
             warnings.simplefilter("ignore")
@@ -73,7 +74,7 @@ def apply_amp(cfg: Config, requested: bool) -> None:
                        "and skipped steps; slower than fp32)")
         elif requested:  # the config's own message, and --amp would make an OptimWrapper AmpOptimWrapper again
             message += " (for fp32 drop --amp too: it makes an OptimWrapper AmpOptimWrapper)"
-        raise SystemExit(message) from None
+        raise ConfigError(message) from None
 
 
 def runs_device_amp(optim_wrapper) -> bool:
@@ -91,24 +92,25 @@ def check_compile(cfg: Config) -> None:
     cannot work, naming the backbone's switch: with a ``paramwise_cfg`` (every shipped config's,
     for layer decay) mmengine builds the optimizer's parameter groups as ``ConfigDict``s, and
     torch 2.14's dynamo stops in ``AdamW.step`` on them (``InternalTorchDynamoError``), after the
-    whole first step has compiled."""
+    whole first step has compiled (a ``ConfigError``)."""
     if cfg.get("compile") and cfg.optim_wrapper.get("paramwise_cfg") is not None:
-        raise SystemExit(f"compile={cfg.compile!r} is mmengine's whole-model compile (the Runner's train_step, "
-                         "optimizer step included), which fails with this config's optim_wrapper.paramwise_cfg "
-                         "(torch's dynamo cannot trace the ConfigDict parameter groups mmengine makes of it); "
-                         "compile the backbone instead: drop compile and set model.backbone.compile=True "
-                         "(--cfg-options model.backbone.compile=True)")
+        raise ConfigError(f"compile={cfg.compile!r} is mmengine's whole-model compile (the Runner's train_step, "
+                          "optimizer step included), which fails with this config's optim_wrapper.paramwise_cfg "
+                          "(torch's dynamo cannot trace the ConfigDict parameter groups mmengine makes of it); "
+                          "compile the backbone instead: drop compile and set model.backbone.compile=True "
+                          "(--cfg-options model.backbone.compile=True)")
 
 
 def load_config(args, framework: str, custom_data: Optional[Callable[[Config], None]] = None) -> Config:
     """The config with ``--launcher``, ``--cfg-options`` and ``--work-dir`` applied;
-    ``custom_data`` (the tool's options for your own dataset) edits it before ``--cfg-options``."""
+    ``custom_data`` (the tool's options for your own dataset) edits it before ``--cfg-options``;
+    a ``ConfigError`` when the config is not found."""
     if "LOCAL_RANK" not in os.environ:
         os.environ["LOCAL_RANK"] = str(args.local_rank)
     try:
         path = resolve_config(framework, args.config)
     except FileNotFoundError as e:
-        raise SystemExit(str(e)) from None
+        raise ConfigError(str(e)) from None
     cfg = Config.fromfile(path)
     cfg.launcher = args.launcher
     if custom_data is not None:
@@ -211,17 +213,18 @@ def init_cpu_distributed(cfg: Config) -> None:
     """``--launcher pytorch`` (torchrun, one machine or many) on machines without a GPU:
     mmengine's ``init_dist`` calls ``torch.cuda.set_device`` and fails there, and its DDP wrapper
     passes a GPU index as ``device_ids``. Here the gloo process group is started before the
-    Runner (which then uses it) and DDP wraps the CPU model without ``device_ids``."""
+    Runner (which then uses it) and DDP wraps the CPU model without ``device_ids``. A
+    ``ConfigError`` for another launcher, or a backend other than gloo, there."""
     if cfg.launcher == "none" or torch.cuda.is_available():
         return
     dist_cfg = (cfg.get("env_cfg") or {}).get("dist_cfg") or {}
     if cfg.launcher != "pytorch":
-        raise SystemExit(f"--launcher {cfg.launcher} on a machine without a GPU: mmengine's {cfg.launcher} launcher "
-                         f"needs CUDA; start the processes with torchrun and --launcher pytorch (with "
-                         f"--cfg-options env_cfg.dist_cfg.backend=gloo)")
+        raise ConfigError(f"--launcher {cfg.launcher} on a machine without a GPU: mmengine's {cfg.launcher} launcher "
+                          f"needs CUDA; start the processes with torchrun and --launcher pytorch (with "
+                          f"--cfg-options env_cfg.dist_cfg.backend=gloo)")
     if dist_cfg.get("backend", "nccl") != "gloo":
-        raise SystemExit(f"env_cfg.dist_cfg.backend={dist_cfg.get('backend', 'nccl')!r} needs GPUs; this machine has "
-                         f"none: add --cfg-options env_cfg.dist_cfg.backend=gloo to train on the CPU")
+        raise ConfigError(f"env_cfg.dist_cfg.backend={dist_cfg.get('backend', 'nccl')!r} needs GPUs; this machine has "
+                          f"none: add --cfg-options env_cfg.dist_cfg.backend=gloo to train on the CPU")
     if not dist.is_initialized():  # a second Runner of the process (a test after training) uses the same group
         dist.init_process_group("gloo", timeout=collective_timeout(dist_cfg.get("timeout")))
     wrapper = cfg.get("model_wrapper_cfg") or dict(
@@ -254,9 +257,9 @@ def dataset_files(dataset):
 
 
 def check_data(cfg: Config, loaders: Iterable[str], explain: Callable[[Config, str, dict, str, str], str]) -> None:
-    """Stop with ``explain(cfg, where, dataset, key, path)`` (the missing path, the expected
-    layout and the fixes) before the Runner is built: without this, mmseg and mmdet end in a
-    bare FileNotFoundError deep inside their datasets."""
+    """A ``DataCheckError`` saying ``explain(cfg, where, dataset, key, path)`` (the missing path,
+    the expected layout and the fixes) before the Runner is built: without this, mmseg and mmdet
+    end in a bare FileNotFoundError deep inside their datasets."""
     for loader in loaders:
         if not cfg.get(loader):
             continue
@@ -265,7 +268,7 @@ def check_data(cfg: Config, loaders: Iterable[str], explain: Callable[[Config, s
                 continue
             for key, path, folder in dataset_files(dataset):
                 if not (os.path.isdir(path) if folder else os.path.isfile(path)):
-                    raise SystemExit(explain(cfg, where, dataset, key, path))
+                    raise DataCheckError(explain(cfg, where, dataset, key, path))
 
 
 def expected_layout(cfg: Config) -> str:

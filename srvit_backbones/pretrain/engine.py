@@ -18,6 +18,7 @@ from timm.data import FastCollateMixup, Mixup, create_dataset, create_loader, re
 from timm.utils import accuracy
 
 from srvit_backbones import amp
+from srvit_backbones.errors import ConfigError, InputError
 from srvit_backbones.faults import (Diverged, SkippedStepCounter, atomic_torch_save, divergence_message,
                                     refuse_non_finite_weights)
 
@@ -29,13 +30,14 @@ def is_main() -> bool:
 
 
 def check_image_folder(root: str, split: str) -> str:
+    """``root/split``, or an ``InputError`` when it does not exist or holds no class folder."""
     path = os.path.join(root, split)
     if not os.path.isdir(path):
-        raise SystemExit(f"dataset folder {path!r} does not exist: --data must contain train/ and val/ "
+        raise InputError(f"dataset folder {path!r} does not exist: --data must contain train/ and val/ "
                          f"(ImageFolder layout: one sub-folder of images per class)")
     classes = [d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))]
     if not classes:
-        raise SystemExit(f"{path!r} has no class folders: expected {path}/<class>/<image>.jpg")
+        raise InputError(f"{path!r} has no class folders: expected {path}/<class>/<image>.jpg")
     return path
 
 
@@ -48,13 +50,14 @@ def mixup_args(args, num_classes):
 
 def build_datasets(args):
     """timm's ImageFolder datasets and the class count of their ``class_to_idx``: a class is a
-    folder with images (timm's reader), so an empty or image-less folder is not one."""
+    folder with images (timm's reader), so an empty or image-less folder is not one; an
+    ``InputError`` when train/ and val/ differ in their classes."""
     train_set = create_dataset("", root=check_image_folder(args.data, "train"), is_training=True)
     val_set = create_dataset("", root=check_image_folder(args.data, "val"), is_training=False)
     train_classes, val_classes = train_set.reader.class_to_idx, val_set.reader.class_to_idx
     if val_classes != train_classes:
         missing, extra = sorted(set(train_classes) - set(val_classes)), sorted(set(val_classes) - set(train_classes))
-        raise SystemExit(f"the classes of {args.data}/val differ from those of {args.data}/train (missing in val: "
+        raise InputError(f"the classes of {args.data}/val differ from those of {args.data}/train (missing in val: "
                          f"{missing[:10]}, only in val: {extra[:10]}): labels are the index of a class folder, so "
                          f"val/ needs the same class folders as train/, each with images")
     return train_set, val_set, len(train_classes)
@@ -71,7 +74,7 @@ def build_loaders(args, model, train_set, val_set, num_classes: int, distributed
                                         crop_pct=args.crop_pct, interpolation="bicubic"), model=model)
     world = dist.get_world_size() if distributed else 1
     if args.batch_size % world:
-        raise SystemExit(f"--batch-size {args.batch_size} is not divisible by the {world} processes")
+        raise ConfigError(f"--batch-size {args.batch_size} is not divisible by the {world} processes")
     use_prefetcher = args.device.startswith("cuda")
     aug_repeats = args.aug_repeats if distributed else 0
     if args.aug_repeats and not distributed:
@@ -127,11 +130,11 @@ def seed_epoch(seed: int, epoch: int, rank: int = 0) -> None:
 
 def precision(args) -> Optional[torch.dtype]:
     """The autocast dtype of ``--amp`` on ``--device`` (``srvit_backbones.amp``'s rule, the
-    one every tool uses), or an exit that names the fix."""
+    one every tool uses), or a ``ConfigError`` that names the fix."""
     try:
         return amp.resolve_precision(args.device, args.amp)
     except ValueError as e:
-        raise SystemExit(str(e))
+        raise ConfigError(str(e)) from None
 
 
 def autocast(args, dtype: Optional[torch.dtype]):

@@ -3,6 +3,7 @@ import argparse
 from typing import Optional, Sequence, Set
 
 from srvit_backbones.amp import PRECISIONS
+from srvit_backbones.errors import ConfigError
 from srvit_backbones.models import variant_args
 
 #: warmup epochs by recursion depth T (Table 8); T=1 (DeiT) uses DeiT's 5
@@ -102,10 +103,11 @@ def resolve(args: argparse.Namespace, num_steps: int, argv: Optional[Sequence[st
 
 
 def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """The command line, parsed and resolved for the variant's T."""
+    """The command line, parsed and resolved for the variant's T (a ``ConfigError`` for an unknown
+    ``--model``)."""
     args = build_parser().parse_args(argv)
     try:
         num_steps = variant_args(args.model)["num_steps"]
     except ValueError as e:
-        raise SystemExit(str(e))
+        raise ConfigError(str(e)) from None
     return resolve(args, num_steps, argv)

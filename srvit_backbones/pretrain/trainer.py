@@ -20,6 +20,7 @@ from timm.utils import ModelEmaV3, NativeScaler
 import srvit_backbones  # noqa: F401  (registers the variants)
 from srvit_backbones import amp, load_pretrained
 from srvit_backbones.checkpoint import read_checkpoint
+from srvit_backbones.errors import CheckpointError, ConfigError
 from srvit_backbones.faults import collective_timeout
 
 from . import engine
@@ -61,8 +62,8 @@ def init_distributed(args) -> bool:
 
 def build_teacher(args, num_classes, device):
     if not args.teacher_weights:
-        raise SystemExit(f"--distill needs the teacher's weights: --teacher-weights FILE (a {args.teacher} "
-                         f"state dict for {num_classes} classes; nothing is downloaded)")
+        raise ConfigError(f"--distill needs the teacher's weights: --teacher-weights FILE (a {args.teacher} "
+                          f"state dict for {num_classes} classes; nothing is downloaded)")
     teacher = timm.create_model(args.teacher, num_classes=num_classes, pretrained=True,
                                 pretrained_cfg_overlay=dict(file=args.teacher_weights))
     return teacher.to(device).eval().requires_grad_(False)
@@ -119,9 +120,9 @@ def build(args, distributed: bool) -> Run:
     if resume:
         ckpt = read_checkpoint(resume)
         if ckpt.get("variant") != args.model or ckpt.get("num_classes") != num_classes:
-            raise SystemExit(f"--resume {resume} is a checkpoint of {ckpt.get('variant')!r} with "
-                             f"{ckpt.get('num_classes')} classes, not of {args.model!r} with {num_classes}: "
-                             f"resume with the same --model and dataset")
+            raise CheckpointError(f"--resume {resume} is a checkpoint of {ckpt.get('variant')!r} with "
+                                  f"{ckpt.get('num_classes')} classes, not of {args.model!r} with {num_classes}: "
+                                  f"resume with the same --model and dataset")
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
