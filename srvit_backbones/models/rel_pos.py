@@ -187,7 +187,7 @@ def choose_kernel(device_type: str, dropout_p: float, needs_grad: bool) -> str:
     """The kernel of one attention call: ``blocked`` on the CPU (the kernel tuned there; also for
     attention dropout, which it runs block by block); elsewhere ``folded``, whatever the sizes and
     the dropout. Why ``folded`` on a GPU, from CUDA's SDPA dispatch emulated on the CPU
-    (``srvit_backbones.benchmark.cuda_dispatch``; ViTDet at 1024, S-T3, fp16, a training step of
+    (tests/cuda_dispatch.py; ViTDet at 1024, S-T3, fp16, a training step of
     one application): it gives SDPA no mask, so the call trains on cuDNN (14x14 windows, head
     dims (96, 64)) or flash (the global 64x64 grid, (192, 192)) and keeps no (queries, keys)
     tensor, where ``bias`` trains on the memory-efficient kernel with a bias that needs a
