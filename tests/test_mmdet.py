@@ -981,7 +981,7 @@ def test_zoo_config_is_its_detectron2_twins_recipe(path):
         data = cfg.train_dataloader.dataset
         assert (data.type, data.oversample_thr, data.dataset.type) == ("ClassBalancedDataset", 0.001, "LVISV1Dataset")
         assert d2.dataloader.train.sampler.repeat_factors.repeat_thresh == data.oversample_thr
-        assert cfg.val_evaluator.type == "LVISMetric" and d2.dataloader.evaluator.max_dets_per_image == 300
+        assert cfg.val_evaluator.type == "SRViTLVISMetric" and d2.dataloader.evaluator.max_dets_per_image == 300
         assert cfg.model.test_cfg.rcnn.score_thr == 0.02 and cfg.model.test_cfg.rcnn.max_per_img == 300
         predictors = d2_roi.box_predictors if "box_predictors" in d2_roi else [d2_roi.box_predictor]
         assert {(p.test_score_thresh, p.test_topk_per_image, p.use_sigmoid_ce, p.use_fed_loss) for p in predictors} == \

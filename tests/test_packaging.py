@@ -1,5 +1,7 @@
 """A regular (non-editable) install ships the configs and finds them through the package."""
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -130,3 +132,73 @@ def test_tools_find_frameworks_through_the_table():
                 keys = {k.value for k, v in zip(node.keys, node.values)
                         if isinstance(k, ast.Constant) and isinstance(v, (ast.Name, ast.Attribute, ast.Lambda))}
                 assert len(keys & names) < 2, f"tools/{tool}:{node.lineno} dispatches on the frameworks' names"
+
+
+# Snapshots every other package's modules (each module's attributes, the entries of its dict- and
+# set-valued attributes and the attributes of the classes it defines, by identity) before and after importing every module of srvit_backbones, the
+# frameworks imported first as a user's process has them; prints, as the last line, JSON: what changed,
+# as "module: attribute", "module: attribute[entry]" or "module: Class.attribute". An attribute a new submodule adds to its
+# package (the import system's doing) is not a change.
+IMPORT_SNAPSHOT = r"""
+import importlib, json, pkgutil, sys, types, warnings
+
+warnings.simplefilter("ignore")
+import detectron2.checkpoint, detectron2.engine, detectron2.evaluation, detectron2.modeling, detectron2.utils.analysis
+import fvcore.nn, lvis, mmengine.analysis, mmengine.runner, timm, torch
+import mmdet.utils, mmseg.utils
+
+mmdet.utils.register_all_modules(init_default_scope=False)
+mmseg.utils.register_all_modules(init_default_scope=False)
+
+
+def snapshot():
+    state = {}
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] in ("srvit_backbones", "__main__", "__mp_main__") or not isinstance(module, types.ModuleType):
+            continue
+        entries = state[name] = {}
+        for attr, value in list(vars(module).items()):
+            entries[attr] = value
+            if type(value) in (dict, set):
+                entries.update({f"{attr}[{key!r}]": value[key] if type(value) is dict else key for key in list(value)})
+            if isinstance(value, type) and value.__module__ == name:
+                entries.update({f"{attr}.{key}": v for key, v in list(vars(value).items())})
+    return state
+
+
+before = snapshot()
+import srvit_backbones
+
+for module in pkgutil.walk_packages(srvit_backbones.__path__, "srvit_backbones."):
+    importlib.import_module(module.name)
+after = snapshot()
+missing = object()
+print(json.dumps(sorted(
+    f"{name}: {key}" for name, entries in before.items() for key in entries.keys() | after[name].keys()
+    if entries.get(key, missing) is not after[name].get(key, missing)
+    and not (key not in entries and isinstance(after[name][key], types.ModuleType)))))
+"""
+
+
+#: the frameworks' registries, whose entries are ours to add (module: how we add them)
+REGISTRIES = {"timm.models._registry": "timm's register_model", "timm.layers._fx": "timm's register_notrace_function",
+              "torch.fx._symbolic_trace": "torch.fx.wrap, which register_notrace_function calls",
+              "mmengine.fileio.backends.registry_utils": "mmengine's register_backend (the atomic checkpoint writes)",
+              "torch._weights_only_unpickler": "torch.serialization.add_safe_globals (mmengine's checkpoints)"}
+#: the standard library's caches, which any import fills
+CACHES = {"re": "_cache", "sys": "path_importer_cache"}
+
+
+def test_importing_the_package_changes_no_other_library():
+    """Importing srvit_backbones and every module of it (the adapters, the modules the configs'
+    custom_imports name) adds entries to the frameworks' registries and changes nothing else in
+    any other package: no flop-handle table (fvcore's, mmengine's), no module attribute (lvis.eval's
+    numpy), no function. A user's own models in the same process are counted and evaluated as
+    without us."""
+    out = subprocess.run([sys.executable, "-c", IMPORT_SNAPSHOT], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    changes = json.loads(out.stdout.splitlines()[-1])
+    allowed = [rf"{re.escape(m)}: \w+\[" for m in REGISTRIES] + [rf"{m}: {a}\[" for m, a in CACHES.items()]
+    assert [c for c in changes if not any(re.match(p, c) for p in allowed)] == []
+    assert any(c.startswith("timm.models._registry: _model_entrypoints['srvit_s_t3']") for c in changes)

@@ -196,7 +196,8 @@ def report_attention(rows):
               f"{launches[1]} {r.get('saved_mib', float('nan')):>10.1f} "
               f"{r.get('peak_mib', float('nan')):>9.1f} {r['output_cosine']:>9.5f} "
               f"{min(grads) if grads else float('nan'):>12.5f}")
-        for key, what in (("forward_backward_error", "forward+backward failed"), ("launches_error", "launches not counted")):
+        for key, what in (("forward_backward_error", "forward+backward failed"),
+                          ("launches_error", "launches not counted")):
             if key in r:
                 print(f"{'':<41} {what}: {r[key]}")
     print("\nfwd: the forward alone (no autograd); fwd+bwd: a training step (forward, then backward from a given "
