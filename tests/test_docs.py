@@ -140,8 +140,8 @@ def framework_tool(tool):
         found = glob.glob(os.path.join(root, "**", script + ".py"), recursive=True)
     elif MIM_TOOLS in tool:
         package, path = tool.split("/", 1)
-        found = [p for p in [os.path.join(os.path.dirname(importlib.util.find_spec(package.lower()).origin), path)]
-                 if os.path.isfile(p)]
+        spec = importlib.util.find_spec(package.lower())
+        found = [p for p in [spec and os.path.join(os.path.dirname(spec.origin), path)] if p and os.path.isfile(p)]
     else:
         checkout = os.path.dirname(os.path.dirname(importlib.util.find_spec("detectron2").origin))
         found = [p for p in [checkout + ANALYZE_MODEL] if os.path.isfile(p)]
