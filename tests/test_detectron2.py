@@ -1149,7 +1149,8 @@ def test_lvis_is_its_coco_config_with_vitdets_lvis_settings(name):
     """lvis/X: ViTDet's LVIS settings (repeat-factor sampling at 0.001, LVISEvaluator (ours, which
     evaluates under numpy 2) with 300 detections, 1203 classes, sigmoid CE + federated loss, score
     threshold 0.02, top 300 in every box predictor) and the COCO recipe's schedule over LVIS's
-    epochs at ViTDet's LVIS / COCO lr ratio and LVIS eval period; nothing else changed from the COCO config (cascade/X or X)."""
+    epochs at ViTDet's LVIS / COCO lr ratio and LVIS eval period; nothing else changed from the
+    COCO config (cascade/X or X)."""
     from detectron2.data.samplers import RepeatFactorTrainingSampler
     from srvit_backbones.detectron2 import SRViTLVISEvaluator
 

@@ -135,10 +135,11 @@ def test_tools_find_frameworks_through_the_table():
 
 
 # Snapshots every other package's modules (each module's attributes, the entries of its dict- and
-# set-valued attributes and the attributes of the classes it defines, by identity) before and after importing every module of srvit_backbones, the
-# frameworks imported first as a user's process has them; prints, as the last line, JSON: what changed,
-# as "module: attribute", "module: attribute[entry]" or "module: Class.attribute". An attribute a new submodule adds to its
-# package (the import system's doing) is not a change.
+# set-valued attributes and the attributes of the classes it defines, by identity) before and after
+# importing every module of srvit_backbones, the frameworks imported first as a user's process has
+# them; prints, as the last line, JSON: what changed, as "module: attribute", "module:
+# attribute[entry]" or "module: Class.attribute". An attribute a new submodule adds to its package
+# (the import system's doing) is not a change.
 IMPORT_SNAPSHOT = r"""
 import importlib, json, pkgutil, sys, types, warnings
 
@@ -154,7 +155,7 @@ mmseg.utils.register_all_modules(init_default_scope=False)
 def snapshot():
     state = {}
     for name, module in list(sys.modules.items()):
-        if name.split(".")[0] in ("srvit_backbones", "__main__", "__mp_main__") or not isinstance(module, types.ModuleType):
+        if name.split(".")[0] in ("srvit_backbones", "__main__", "__mp_main__") or module is None:
             continue
         entries = state[name] = {}
         for attr, value in list(vars(module).items()):
