@@ -3,9 +3,10 @@
 fvcore has no handle for ``aten::scaled_dot_product_attention``; ``sdpa_flop_jit`` counts
 it as the two matmuls it replaces (q @ k^T and attn @ v), so fused attention is counted
 like the explicit attention of the paper's models. ``attention_split`` keeps it apart, for
-figures (the paper's Table 4 detectors) that were counted without it. The adapters add the
-handle to fvcore's and mmengine's default handles (``count_attention_by_default``), so that the
-frameworks' own tools (detectron2's analyze_model.py, mmdet's get_flops.py) count it too.
+figures (the paper's Table 4 detectors) that were counted without it. Importing the package or an
+adapter leaves fvcore's and mmengine's default handles alone; ``count_fused_attention()`` adds it
+there, for the frameworks' own tools (detectron2's analyze_model.py, mmdet's get_flops.py), and
+``python -m srvit_backbones.flops SCRIPT ARGS`` runs such a tool after it.
 
 fvcore counts by tracing, which runs the model: at detection sizes a recursive backbone's 20 to
 40 block applications are most of that time, though they are a handful of distinct computations
@@ -19,6 +20,7 @@ configs of one task mostly share, once per config and backbone shape (``Counted`
 frameworks' adapters build their models and call it (``srvit_backbones.<framework>.flops``).
 """
 import copy
+import importlib
 import warnings
 from collections import Counter
 from contextlib import contextmanager, nullcontext
@@ -47,14 +49,18 @@ def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
     return b * n_q * n_k * d + b * n_q * n_k * d_v
 
 
-def count_attention_by_default(handles: Dict[str, Callable]) -> None:
-    """Add ``sdpa_flop_jit`` to a flop counter's table of default op handles, so that the
-    frameworks' own tools count fused attention: fvcore's ``flop_count._DEFAULT_SUPPORTED_OPS``
-    (detectron2's tools/analyze_model.py) and mmengine's
-    ``complexity_analysis._DEFAULT_SUPPORTED_FLOP_OPS`` (mmdet's and mmseg's get_flops.py) are the
-    tables their counters start from, the only place to add a handle for counters they build
-    themselves. A handle already there (a later release's own) is kept."""
-    handles.setdefault(SDPA_OP, sdpa_flop_jit)
+def count_fused_attention() -> None:
+    """Add ``sdpa_flop_jit`` to fvcore's and mmengine's default op handles (whichever is installed),
+    so that the counters the frameworks' own tools build in this process (detectron2's
+    analyze_model.py, mmdet's and mmseg's get_flops.py) count fused attention. Importing the
+    package never does this; a handle already there (a later release's own) is kept."""
+    for module, table in (("fvcore.nn.flop_count", "_DEFAULT_SUPPORTED_OPS"),
+                          ("mmengine.analysis.complexity_analysis", "_DEFAULT_SUPPORTED_FLOP_OPS")):
+        try:
+            handles = getattr(importlib.import_module(module), table)
+        except ImportError:
+            continue
+        handles.setdefault(SDPA_OP, sdpa_flop_jit)
 
 
 def count_params(model: nn.Module) -> int:
@@ -256,3 +262,23 @@ def proposals_checked(set_nms_threshold: Callable[[float], float], num_proposals
     if num_proposals() != expected:
         raise RuntimeError(f"the box head ran on {num_proposals()} proposals, not the {expected} it runs on at "
                            f"test time: the count would be too low (count with --plain)")
+
+
+def main(argv=None):
+    """``python -m srvit_backbones.flops SCRIPT [ARGS...]``: run a framework's FLOP tool (SCRIPT,
+    e.g. detectron2's tools/analyze_model.py) with fused attention counted (``count_fused_attention``)."""
+    import argparse
+    import runpy
+    import sys
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("script", help="the tool's .py file")
+    p.add_argument("arguments", nargs=argparse.REMAINDER, help="its arguments")
+    args = p.parse_args(argv)
+    count_fused_attention()
+    sys.argv = [args.script, *args.arguments]
+    runpy.run_path(args.script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

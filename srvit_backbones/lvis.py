@@ -1,6 +1,6 @@
 """The LVIS configs' one check of their annotation files, shared by detectron2's tools/train_net.py
-and mmdet's tools/train_det.py / test_det.py, and the federated loss's class weights (plain json:
-no framework import).
+and mmdet's tools/train_det.py / test_det.py, the federated loss's class weights (plain json:
+no framework import), and lvis's evaluation under numpy 2 for our evaluators (``lvis_under_numpy2``).
 
 An LVIS config pointed at a COCO-format file would train on COCO's category ids read as LVIS ones
 and fail only at its first evaluation (LVIS's evaluation groups categories by ``frequency``, which
@@ -12,6 +12,7 @@ images and annotations), and the loss's default weights are LVIS v1's counts shi
 package (lvis_v1_image_counts.py, as detectron2 ships them), so that a cascade's three losses read
 no file at all.
 """
+import contextlib
 import functools
 import json
 import os
@@ -135,17 +136,19 @@ class _NumpyWithFloat(types.ModuleType):
         return getattr(numpy, name)
 
 
-def patch_lvis_for_numpy2() -> bool:
-    """lvis 0.5.3 (PyPI's latest) accumulates its precision with ``np.float``, which numpy removed in
-    1.24: with numpy 2, LVISEval.run() raises AttributeError at the end of every LVIS evaluation
-    (detectron2's LVISEvaluator, mmdet's LVISMetric). Give lvis.eval, and only it, a numpy whose
-    ``float`` is the builtin (what the alias meant). Returns whether lvis.eval was patched; the
-    framework adapters call it when imported."""
+@contextlib.contextmanager
+def lvis_under_numpy2():
+    """While active, lvis.eval (and only it) sees a numpy with ``float``: lvis 0.5.3 (PyPI's
+    latest) accumulates its precision with ``np.float``, which numpy removed in 1.24, so with
+    numpy 2 ``LVISEval.run()`` raises AttributeError at the end of every LVIS evaluation. Our LVIS
+    evaluators (``SRViTLVISEvaluator``, ``SRViTLVISMetric``) evaluate inside it; lvis.eval is
+    restored after, for anyone else's evaluation in the process."""
+    import lvis.eval as lvis_eval
+
+    previous = lvis_eval.np
+    if not hasattr(numpy, "float"):
+        lvis_eval.np = _NumpyWithFloat("numpy")
     try:
-        import lvis.eval as lvis_eval
-    except ImportError:
-        return False
-    if hasattr(numpy, "float") or isinstance(lvis_eval.np, _NumpyWithFloat):
-        return False
-    lvis_eval.np = _NumpyWithFloat("numpy")
-    return True
+        yield
+    finally:
+        lvis_eval.np = previous

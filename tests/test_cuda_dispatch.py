@@ -1,4 +1,4 @@
-"""CUDA's SDPA dispatch emulated on the CPU (``benchmark.cuda_dispatch``): torch's eligibility
+"""CUDA's SDPA dispatch emulated on the CPU (tests/cuda_dispatch.py): torch's eligibility
 rules for cuDNN, flash, memory-efficient and math on known calls; the operations CUDA's composite
 adds (padding copies); and, under it, what the GPU's choices of relative-position kernel cost: a
 fused backend in every training call, at most 40 operations per application, the windowed
@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 import srvit_backbones  # noqa: F401  (registers the variants)
-from srvit_backbones.benchmark.cuda_dispatch import (CudaSDPARules, backbone_step_operations, count_cuda_launches,
-                                                     sdpa_backend)
 from srvit_backbones.models.rel_pos import KERNELS, rel_pos_attention
+
+from cuda_dispatch import CudaSDPARules, backbone_step_operations, count_cuda_launches, sdpa_backend
 
 HALF = torch.float16
 

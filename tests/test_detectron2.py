@@ -1153,12 +1153,13 @@ def test_cascade_is_its_mask_rcnn_with_vitdets_three_stages(variant):
 
 @pytest.mark.parametrize("name", sorted(f"{d}_{v}.py" for v in ZOO_VARIANTS for d in ("mask_rcnn", "cascade_mask_rcnn")))
 def test_lvis_is_its_coco_config_with_vitdets_lvis_settings(name):
-    """lvis/X: ViTDet's LVIS settings (repeat-factor sampling at 0.001, LVISEvaluator with 300
-    detections, 1203 classes, sigmoid CE + federated loss, score threshold 0.02, top 300 in every
-    box predictor) and the COCO recipe's schedule over LVIS's epochs at ViTDet's LVIS / COCO lr
-    ratio and LVIS eval period; nothing else changed from the COCO config (cascade/X or X)."""
+    """lvis/X: ViTDet's LVIS settings (repeat-factor sampling at 0.001, LVISEvaluator (ours, which
+    evaluates under numpy 2) with 300 detections, 1203 classes, sigmoid CE + federated loss, score
+    threshold 0.02, top 300 in every box predictor) and the COCO recipe's schedule over LVIS's
+    epochs at ViTDet's LVIS / COCO lr ratio and LVIS eval period; nothing else changed from the
+    COCO config (cascade/X or X)."""
     from detectron2.data.samplers import RepeatFactorTrainingSampler
-    from detectron2.evaluation import LVISEvaluator
+    from srvit_backbones.detectron2 import SRViTLVISEvaluator
 
     lvis = load(f"lvis/{name}")
     coco = load(f"cascade/{name}" if name.startswith("cascade") else name)
@@ -1167,7 +1168,7 @@ def test_lvis_is_its_coco_config_with_vitdets_lvis_settings(name):
     assert data.train.sampler._target_ is RepeatFactorTrainingSampler
     factors = OmegaConf.to_container(data.train.sampler.repeat_factors)  # interpolations unresolved
     assert (factors["repeat_thresh"], factors["dataset_dicts"]) == (0.001, "${dataloader.train.dataset}")
-    assert (data.evaluator._target_, data.evaluator.max_dets_per_image) == (LVISEvaluator, 300)
+    assert (data.evaluator._target_, data.evaluator.max_dets_per_image) == (SRViTLVISEvaluator, 300)
     assert lvis.model.roi_heads.num_classes == 1203
     for predictor in box_predictors(lvis.model):
         assert {k: predictor[k] for k in LVIS_CHANGES} == LVIS_CHANGES
@@ -1200,7 +1201,8 @@ def test_lvis_cascade_trains_and_lvis_evaluator_returns_ap(lvis_names):
     """The LVIS Cascade Mask R-CNN (both new heads and the LVIS recipe in one run): a few
     iterations through the config's own LVIS data path (repeat-factor sampler, LSJ mapper) and its
     LVISEvaluator on synthetic LVIS v1: box and mask AP with the rare / common / frequent split (the
-    untrained detector's score threshold lowered, as for the COCO runs, and its top-k, for time)."""
+    untrained detector's score threshold lowered, as for the COCO runs, and its top-k, for time),
+    under numpy 2, with lvis.eval left as it was."""
     from detectron2.data.samplers import RepeatFactorTrainingSampler
     from detectron2.engine import SimpleTrainer
     from detectron2.evaluation import inference_on_dataset
@@ -1221,6 +1223,7 @@ def test_lvis_cascade_trains_and_lvis_evaluator_returns_ap(lvis_names):
     for task in ("bbox", "segm"):
         assert {"AP", "AP50", "APr", "APc", "APf"} <= set(results[task]), results
         assert all(0 <= results[task][k] <= 100 for k in ("AP", "AP50", "APr", "APc", "APf")), results
+    assert sys.modules["lvis.eval"].np is np  # lvis's numpy 2 alias lived only inside our evaluator
 
 
 def test_an_lvis_config_on_a_coco_file_is_explained(coco_root, lvis_names):

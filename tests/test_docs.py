@@ -106,13 +106,22 @@ print(json.dumps({target: errors_of(target, argvs) for target, argvs in document
 
 
 ANALYZE_MODEL = "/tools/analyze_model.py"  # detectron2's, run from a detectron2 checkout
+MIM_TOOLS = "/.mim/tools/"  # PACKAGE/.mim/tools/...: an OpenMMLab package's own tools, as pip installs them
+FLOP_TOOL = ["python", "-m", "srvit_backbones.flops"]  # runs a framework's own tool, fused attention counted
+
+
+def is_framework_tool(tool):
+    return tool.startswith("mim run ") or tool.endswith(ANALYZE_MODEL) or MIM_TOOLS in tool
 
 
 def tool_of(command):
     """The tools/ script a command runs, "-m MODULE" for ``python -m``, "mim run PACKAGE SCRIPT"
-    or detectron2's analyze_model.py (as the command names it) for the frameworks' own tools,
-    else None."""
+    or the script's path (as the command names it: detectron2's analyze_model.py, an OpenMMLab
+    package's .mim tool, also when ``python -m srvit_backbones.flops`` runs it) for the frameworks'
+    own tools, else None."""
     words = shlex.split(command)
+    if words[:3] == FLOP_TOOL:
+        return words[3]
     if words[:2] == ["python", "-m"]:
         return "-m " + words[2]
     if words[:2] == ["mim", "run"]:
@@ -129,6 +138,10 @@ def framework_tool(tool):
         package, script = tool.split()[2:4]
         root = os.path.join(os.path.dirname(importlib.util.find_spec(package).origin), ".mim", "tools")
         found = glob.glob(os.path.join(root, "**", script + ".py"), recursive=True)
+    elif MIM_TOOLS in tool:
+        package, path = tool.split("/", 1)
+        spec = importlib.util.find_spec(package.lower())
+        found = [p for p in [spec and os.path.join(os.path.dirname(spec.origin), path)] if p and os.path.isfile(p)]
     else:
         checkout = os.path.dirname(os.path.dirname(importlib.util.find_spec("detectron2").origin))
         found = [p for p in [checkout + ANALYZE_MODEL] if os.path.isfile(p)]
@@ -136,7 +149,7 @@ def framework_tool(tool):
 
 
 def target_of(tool):
-    if tool.startswith("mim run ") or tool.endswith(ANALYZE_MODEL):
+    if is_framework_tool(tool):
         return framework_tool(tool)
     return tool if tool.startswith("-m ") else os.path.join(ROOT, tool)
 
@@ -206,10 +219,11 @@ def test_command_names_existing_files_and_flags(page, command):
         module = words[2]
         spec = importlib.util.find_spec(module)
         assert spec is not None and spec.origin.startswith(ROOT), f"{page}: no module {module} in the checkout"
-        assert_tool_accepts(page, command, tool_of(command))
-        return
+        if words[:3] != FLOP_TOOL:
+            assert_tool_accepts(page, command, tool_of(command))
+            return
     tool = tool_of(command)
-    if tool is not None and (tool.startswith("mim run ") or tool.endswith(ANALYZE_MODEL)):
+    if tool is not None and is_framework_tool(tool):
         if framework_tool(tool) is None:
             pytest.skip(f"{tool} is not installed here")
         assert_tool_accepts(page, command, tool)

@@ -61,30 +61,46 @@ def test_sdpa_is_counted_like_explicit_attention():
         expected
 
 
-def test_the_frameworks_own_flop_counters_count_fused_attention():
-    """Importing the detectron2 adapter adds the handle to fvcore's default handles (detectron2's
-    tools/analyze_model.py builds its counter from them), importing an OpenMMLab adapter to
-    mmengine's (mmdet's and mmseg's get_flops.py call ``get_model_complexity_info``): their own
-    counters, built as those tools build them, count an SR-ViT's fused attention as our counter
-    does (the two matmuls it replaces)."""
-    from fvcore.nn import FlopCountAnalysis
-    from mmengine.analysis import FlopAnalyzer, get_model_complexity_info
+FRAMEWORK_COUNTERS = """
+import json, sys
+import torch
+from fvcore.nn import FlopCountAnalysis
+from mmengine.analysis import FlopAnalyzer, get_model_complexity_info
+from srvit_backbones import create_srvit
 
-    import srvit_backbones.detectron2  # noqa: F401
-    import srvit_backbones.openmmlab  # noqa: F401
+model = create_srvit("srvit_t_t2", img_size=64, embed_dim=32, num_heads=2, num_classes=0).eval()
+image = torch.randn(1, 3, 64, 64)
+with torch.no_grad():
+    fvcore = FlopCountAnalysis(model, (image,)).unsupported_ops_warnings(False).by_operator()
+    mmengine = FlopAnalyzer(model, (image,)).unsupported_ops_warnings(False).by_operator()
+    total = get_model_complexity_info(model, inputs=(image,), show_table=False, show_arch=False)["flops"]
+json.dump(dict(fvcore=fvcore, mmengine=mmengine, total=total, argv=sys.argv[1:]), open(sys.argv[1], "w"))
+"""
 
+
+def test_the_frameworks_own_flop_counters_count_fused_attention(tmp_path, monkeypatch):
+    """``python -m srvit_backbones.flops SCRIPT ARGS`` runs a framework's own tool after
+    ``count_fused_attention()``, which adds the handle to fvcore's default handles (detectron2's
+    tools/analyze_model.py builds its counter from them) and mmengine's (mmdet's and mmseg's
+    get_flops.py call ``get_model_complexity_info``): their own counters, built as those tools
+    build them, count an SR-ViT's fused attention as our counter does (the two matmuls it replaces)."""
+    from srvit_backbones.flops import main
+
+    script, out = tmp_path / "counters.py", tmp_path / "counts.json"
+    script.write_text(FRAMEWORK_COUNTERS)
+    monkeypatch.setattr("sys.argv", ["pytest"])
+    main([str(script), str(out), "--an-option"])
+    counts = json.loads(out.read_text())
+    assert counts["argv"] == [str(out), "--an-option"]  # the script's own arguments, untouched
     model = create_srvit("srvit_t_t2", img_size=64, embed_dim=32, num_heads=2, num_classes=0).eval()
-    image = torch.randn(1, 3, 64, 64)
-    ours = count_by_operator(model, (image,))
+    ours = count_by_operator(model, (torch.randn(1, 3, 64, 64),))
     tokens, heads, head_dim = 16 + 1, 2, 16
     per_application = heads * 2 * tokens * tokens * head_dim  # one block's global attention
     assert ours[ATTENTION] > 0 and ours[ATTENTION] % per_application == 0
-    with torch.no_grad():
-        fvcore = FlopCountAnalysis(model, (image,)).unsupported_ops_warnings(False).by_operator()
-        mmengine = FlopAnalyzer(model, (image,)).unsupported_ops_warnings(False).by_operator()
-        total = get_model_complexity_info(model, inputs=(image,), show_table=False, show_arch=False)["flops"]
+    fvcore, mmengine = counts["fvcore"], counts["mmengine"]
     assert fvcore[ATTENTION] == mmengine[ATTENTION] == ours[ATTENTION]
-    assert total == sum(mmengine.values()) and total > sum(v for k, v in mmengine.items() if k != ATTENTION)
+    assert counts["total"] == sum(mmengine.values()) and counts["total"] > sum(v for k, v in mmengine.items()
+                                                                               if k != ATTENTION)
 
 
 # paper Table 4, whole models: config -> (variant, params (M), GFLOPs)

@@ -1,5 +1,7 @@
 """A regular (non-editable) install ships the configs and finds them through the package."""
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -178,3 +180,75 @@ def test_tools_find_frameworks_through_the_table():
                 keys = {k.value for k, v in zip(node.keys, node.values)
                         if isinstance(k, ast.Constant) and isinstance(v, (ast.Name, ast.Attribute, ast.Lambda))}
                 assert len(keys & names) < 2, f"tools/{tool}:{node.lineno} dispatches on the frameworks' names"
+
+
+# Snapshots every other package's modules (each module's attributes, the entries of its dict- and
+# set-valued attributes and the attributes of the classes it defines, by identity) before and after
+# importing every module of srvit_backbones, the frameworks imported first as a user's process has
+# them; prints, as the last line, JSON: what changed, as "module: attribute", "module:
+# attribute[entry]" or "module: Class.attribute". An attribute a new submodule adds to its package
+# (the import system's doing) is not a change.
+IMPORT_SNAPSHOT = r"""
+import importlib, json, pkgutil, sys, types, warnings
+
+warnings.simplefilter("ignore")
+import detectron2.checkpoint, detectron2.engine, detectron2.evaluation, detectron2.modeling, detectron2.utils.analysis
+import fvcore.nn, lvis, mmengine.analysis, mmengine.runner, timm, torch
+import mmdet.utils, mmseg.utils
+
+mmdet.utils.register_all_modules(init_default_scope=False)
+mmseg.utils.register_all_modules(init_default_scope=False)
+
+
+def snapshot():
+    state = {}
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] in ("srvit_backbones", "__main__", "__mp_main__") or module is None:
+            continue
+        entries = state[name] = {}
+        for attr, value in list(vars(module).items()):
+            entries[attr] = value
+            if type(value) in (dict, set):
+                entries.update({f"{attr}[{key!r}]": value[key] if type(value) is dict else key for key in list(value)})
+            if isinstance(value, type) and value.__module__ == name:
+                entries.update({f"{attr}.{key}": v for key, v in list(vars(value).items())})
+    return state
+
+
+before = snapshot()
+import srvit_backbones
+
+for module in pkgutil.walk_packages(srvit_backbones.__path__, "srvit_backbones."):
+    importlib.import_module(module.name)
+after = snapshot()
+missing = object()
+print(json.dumps(sorted(
+    f"{name}: {key}" for name, entries in before.items() for key in entries.keys() | after[name].keys()
+    if entries.get(key, missing) is not after[name].get(key, missing)
+    and not (key not in entries and isinstance(after[name][key], types.ModuleType)))))
+"""
+
+
+#: what importing us may change: the frameworks' registries (our entries, added by their public
+#: registration calls), and the standard library's caches, which any import fills
+REGISTRIES = [r"timm\.models\._registry: _model_\w+\[",  # timm's register_model
+              r"timm\.layers\._fx: _autowrap_functions\[",  # timm's register_notrace_function, which calls
+              r"torch\.fx\._symbolic_trace: _wrapped_fns_to_patch\[",  # torch.fx.wrap
+              r"mmengine\.fileio\.(backends\.registry_utils|backends|io): backends\[",  # mmengine's register_backend
+              # torch.serialization.add_safe_globals (openmmlab/checkpoint_loading.py: mmengine's checkpoints)
+              r"torch\._weights_only_unpickler: _marked_safe_globals_set\b",
+              r"re: _cache\[", r"sys: path_importer_cache\["]
+
+
+def test_importing_the_package_changes_no_other_library():
+    """Importing srvit_backbones and every module of it (the adapters, the modules the configs'
+    custom_imports name) adds entries to the frameworks' registries and changes nothing else in
+    any other package: no flop-handle table (fvcore's, mmengine's), no module attribute (lvis.eval's
+    numpy), no function. A user's own models in the same process are counted and evaluated as
+    without us."""
+    out = subprocess.run([sys.executable, "-c", IMPORT_SNAPSHOT], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    changes = json.loads(out.stdout.splitlines()[-1])
+    assert [c for c in changes if not any(re.match(p, c) for p in REGISTRIES)] == []
+    assert any(c.startswith("timm.models._registry: _model_entrypoints['srvit_s_t3']") for c in changes)

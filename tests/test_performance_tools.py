@@ -476,11 +476,6 @@ def test_attention_mode_times_every_kernel_and_checks_it_against_detectron2(tmp_
             assert min(r["gradient_cosines"]) > (0.99999 if r["dtype"] == "float32" else 0.99), r
     by = {(r["case"], r["dtype"], r["kernel"]): r for r in rows}
     assert by["windows", "float32", "ours: blocked"]["saved_mib"] < by["windows", "float32", "ours: bias"]["saved_mib"]
-    for case in ("global", "windows"):  # emulated CUDA: the default is folded, fused, in fewer operations than bias
-        default, bias = by[case, "float32", "ours (default choice)"], by[case, "float32", "ours: bias"]
-        assert default["cuda_backends"] in (["cudnn"], ["flash"]) and bias["cuda_backends"] == ["efficient"]
-        assert default["cuda_training_operations"] < bias["cuda_training_operations"]
-        assert by[case, "float32", "ours: flex"]["cuda_training_operations"] is None
     for case in ("global", "windows"):  # the CPU's default is blocked: the counter sees the same operations
         default, blocked = by[case, "float32", "ours (default choice)"], by[case, "float32", "ours: blocked"]
         assert (default["forward_launches"], default["forward_backward_launches"]) == \

@@ -2,7 +2,8 @@
 configs change in a COCO config.
 
 - data: ``lvis_v1_train`` with repeat-factor sampling at threshold 0.001 (rare categories'
-  images repeated), ``lvis_v1_val`` evaluated by LVISEvaluator with 300 detections per image;
+  images repeated), ``lvis_v1_val`` evaluated by LVISEvaluator with 300 detections per image
+  (``SRViTLVISEvaluator``: the same, run under numpy 2);
   the same LSJ augmentation at 1024 (common/coco_loader_lsj.py)
 - model: 1203 classes; every box predictor with sigmoid cross-entropy and the federated loss
   (class weights: LVIS v1's image counts to the power 0.5), score threshold 0.02, top 300
@@ -19,9 +20,8 @@ config pointed at a COCO-format file is refused by tools/train_net.py before any
 """
 from detectron2.config import LazyCall as L
 from detectron2.data.samplers import RepeatFactorTrainingSampler
-from detectron2.evaluation.lvis_evaluation import LVISEvaluator
 
-from srvit_backbones.detectron2 import fed_loss_cls_weights
+from srvit_backbones.detectron2 import SRViTLVISEvaluator, fed_loss_cls_weights
 
 from .coco_loader_lsj import dataloader
 
@@ -34,7 +34,7 @@ dataloader.train.sampler = L(RepeatFactorTrainingSampler)(
     )
 )
 dataloader.test.dataset.names = "lvis_v1_val"
-dataloader.evaluator = L(LVISEvaluator)(
+dataloader.evaluator = L(SRViTLVISEvaluator)(
     dataset_name="${..test.dataset.names}",
     max_dets_per_image=300,
 )

@@ -1,7 +1,8 @@
 # Mask R-CNN on LVIS v1, as ViTDet trains on it (detectron2's projects/ViTDet/configs/LVIS/): the COCO
 # recipe (mask_rcnn_srvit_sfp_lsj_270k_coco.py: model, LSJ at 1024, optimizer, layer decay) with
 # - data: LVISV1Dataset (mmdet's lvis_v1_instance.py layout) in ClassBalancedDataset at 1e-3
-#   (detectron2's RepeatFactorTrainingSampler at 0.001), LVISMetric (300 detections per image)
+#   (detectron2's RepeatFactorTrainingSampler at 0.001), SRViTLVISMetric (mmdet's LVISMetric, run
+#   under numpy 2; 300 detections per image)
 # - 1203 classes; the box head's sigmoid CE with the federated loss, weights LVIS v1's image counts
 #   to the power 0.5 (srvit_backbones.mmdet.FederatedSigmoidCELoss; image_counts='lvis_v1': the
 #   counts shipped in the package, as detectron2's metadata holds them, whatever file the dataset
@@ -47,7 +48,7 @@ val_dataloader = dict(
         pipeline={{_base_.test_pipeline}},
         backend_args={{_base_.backend_args}}))
 test_dataloader = val_dataloader
-val_evaluator = dict(_delete_=True, type='LVISMetric', ann_file=data_root + 'annotations/lvis_v1_val.json',
+val_evaluator = dict(_delete_=True, type='SRViTLVISMetric', ann_file=data_root + 'annotations/lvis_v1_val.json',
                      metric=['bbox', 'segm'], backend_args={{_base_.backend_args}})
 test_evaluator = val_evaluator
 

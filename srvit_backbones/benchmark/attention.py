@@ -4,10 +4,9 @@ flash attention without a bias and detectron2's formula, for
 the global grid of a size and its 14x14 windows: the forward (no autograd) and the forward +
 backward (a training step of the application) timed apart, each with its kernel launches per
 call (``launches.LaunchCounter``), what a training step keeps for the backward, GPU peak memory,
-and each output's and gradient's error against detectron2's formula; and, whatever the device,
-what a CUDA GPU would run for the training step in fp16 (``cuda_dispatch``: the SDPA backends
-and the operation count, emulated on meta tensors). A kernel that fails is a row with its error;
-the others still run."""
+and each output's and gradient's error against detectron2's formula. A kernel that fails is a
+row with its error; the others still run. (What a CUDA GPU would dispatch for each kernel,
+emulated on the CPU, is tests/test_cuda_dispatch.py's.)"""
 import functools
 import statistics
 
@@ -15,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from ..models.rel_pos import KERNELS, rel_pos_attention
-from .cuda_dispatch import count_cuda_launches
 from .launches import count_launches
 from .timing import Timer, cosine
 
@@ -115,41 +113,10 @@ def count_into(row, key, fn, *args):
         row[key], row["launches_error"] = None, error_text(e)
 
 
-def emulate_on_cuda(row, fn, images, grid):
-    """``row['cuda_backends']`` and ``row['cuda_training_operations']``: the SDPA backends and
-    the operations of a training step of ``fn`` in fp16 as a CUDA GPU would run them
-    (``cuda_dispatch``, meta tensors: the GPU's kernel choices, no memory), or None with
-    ``cuda_emulation_error`` where it cannot be emulated (flex compiles itself)."""
-    meta = torch.device("meta")
-    tensors = attention_inputs_like(images, grid, meta, torch.float16)
-    grad_out = torch.empty(images, ATTENTION_HEADS, grid[0] * grid[1], ATTENTION_HEAD_DIM, device=meta,
-                           dtype=torch.float16)
-    def step():  # fp16 inputs, as autocast gives them (meta tensors have no autocast)
-        torch.autograd.grad(fn(*tensors, grid), tensors, grad_out, allow_unused=True)
-
-    try:
-        step()  # constants made before the count
-        counter, calls = count_cuda_launches(step)
-        row["cuda_backends"] = sorted({c["backend"] for c in calls})
-        row["cuda_training_operations"] = counter.total
-    except Exception as e:
-        row["cuda_backends"] = row["cuda_training_operations"] = None
-        row["cuda_emulation_error"] = error_text(e)
-
-
-def attention_inputs_like(images, grid, device, dtype):
-    """``attention_inputs``' shapes, uninitialised (for meta tensors)."""
-    n = grid[0] * grid[1]
-    qkv = [torch.empty(images, ATTENTION_HEADS, n, ATTENTION_HEAD_DIM, device=device, dtype=dtype) for _ in range(3)]
-    tables = [torch.empty(2 * side - 1, ATTENTION_HEAD_DIM, device=device) for side in grid]
-    return [t.requires_grad_() for t in qkv + tables]
-
-
 def check_kernel(row, fn, tensors, grad_out, reference, reference_grads, grid, device):
     """Fill ``row`` with one kernel's untimed figures: the output's cosine and the forward's
     launches; then, where its training step runs, the gradients' cosines, the step's launches,
     what it keeps and (CUDA) its peak memory, else ``forward_backward_error``. Whether it trains."""
-    emulate_on_cuda(row, fn, tensors[0].shape[0], grid)
     row["output_cosine"] = cosine(forward(fn, tensors, grid, device), reference)
     count_into(row, "forward_launches", forward, fn, tensors, grid, device)
     try:
@@ -229,15 +196,11 @@ def report_attention(rows):
               f"{launches[1]} {r.get('saved_mib', float('nan')):>10.1f} "
               f"{r.get('peak_mib', float('nan')):>9.1f} {r['output_cosine']:>9.5f} "
               f"{min(grads) if grads else float('nan'):>12.5f}")
-        if r.get("cuda_training_operations") is not None:
-            print(f"{'':<41} on CUDA (emulated, fp16 training step): {'/'.join(r['cuda_backends'])}, "
-                  f"{r['cuda_training_operations']} operations")
-        for key, what in (("forward_backward_error", "forward+backward failed"), ("launches_error", "launches not counted"),
-                          ("cuda_emulation_error", "CUDA not emulated")):
+        for key, what in (("forward_backward_error", "forward+backward failed"),
+                          ("launches_error", "launches not counted")):
             if key in r:
                 print(f"{'':<41} {what}: {r[key]}")
     print("\nfwd: the forward alone (no autograd); fwd+bwd: a training step (forward, then backward from a given "
           "gradient); launches: the aten operations of one call that do work (launches.LaunchCounter); cosines "
           "against detectron2's formula in float32 (flash has no relative positions: its gap is the bias's "
-          "weight); saved: what a training step keeps for the backward; peak: GPU only; on CUDA: the SDPA "
-          "backends and operations a CUDA GPU would run for the training step in fp16 (benchmark.cuda_dispatch)")
+          "weight); saved: what a training step keeps for the backward; peak: GPU only")

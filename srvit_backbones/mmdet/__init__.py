@@ -3,23 +3,24 @@
 its ``LayerNorm2d``, the ``SRViTLayerDecayOptimizerConstructor`` and the
 ``Fp16CompressionHook``: what mmdet's ``projects/ViTDet`` gives, which the pip wheel lacks;
 and the fault hooks (``SRViTCheckpointHook``, ``DivergenceCheckHook``) with the ``SRViTRunner``
-the configs name (``runner_type``); and why its detectors cannot train in mixed precision on a
+the configs name (``runner_type``); the ``SRViTLVISMetric`` of the LVIS configs (mmdet's
+``LVISMetric`` under numpy 2); and why its detectors cannot train in mixed precision on a
 CPU (mmcv's float32-only CPU nms: ``openmmlab.optim_wrapper.CPU_MIXED_PRECISION_REFUSALS``).
-Configs import it with ``custom_imports = dict(imports=['srvit_backbones.mmdet'])``."""
+Configs import it with ``custom_imports = dict(imports=['srvit_backbones.mmdet'])``; importing it
+changes nothing in mmdet, mmengine or lvis besides their registries."""
 from typing import List, Optional
 
-from mmdet.registry import HOOKS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS
+from mmdet.evaluation.metrics import LVISMetric
+from mmdet.registry import HOOKS, METRICS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS
 
 from ..openmmlab import SRViTBackbone, SRViTLayerDecayOptimizerConstructor, checkpoint_loading  # noqa: F401
 from ..openmmlab.runner import SRViTRunner
 from ..openmmlab.hooks import DivergenceCheckHook, Fp16CompressionHook, SRViTCheckpointHook
 from ..openmmlab.optim_wrapper import CPU_MIXED_PRECISION_REFUSALS
-from ..lvis import patch_lvis_for_numpy2
+from ..lvis import lvis_under_numpy2
 from .cascade import SingleMaskCascadeRoIHead  # noqa: F401  (registers it)
 from .losses import FederatedSigmoidCELoss  # noqa: F401  (registers it)
 from .neck import LayerNorm2d, SimpleFeaturePyramid
-
-patch_lvis_for_numpy2()  # LVISMetric under numpy 2
 
 
 def proposals_refuse_cpu_mixed_precision(cfg) -> Optional[str]:
@@ -46,6 +47,16 @@ class SRViTDetBackbone(SRViTBackbone):
         return [len(self.srvit.feature_points) - 1]
 
 
+@METRICS.register_module()
+class SRViTLVISMetric(LVISMetric):
+    """mmdet's ``LVISMetric`` (the LVIS configs' metric), computing inside
+    ``srvit_backbones.lvis.lvis_under_numpy2``: lvis 0.5.3 fails under numpy 2 otherwise."""
+
+    def compute_metrics(self, results):
+        with lvis_under_numpy2():
+            return super().compute_metrics(results)
+
+
 MODELS.register_module(module=SimpleFeaturePyramid)
 MODELS.register_module(module=LayerNorm2d)
 OPTIM_WRAPPER_CONSTRUCTORS.register_module(module=SRViTLayerDecayOptimizerConstructor)
@@ -54,4 +65,4 @@ HOOKS.register_module(module=SRViTCheckpointHook)
 HOOKS.register_module(module=DivergenceCheckHook)
 
 __all__ = ["SRViTDetBackbone", "SimpleFeaturePyramid", "LayerNorm2d", "SRViTLayerDecayOptimizerConstructor",
-           "Fp16CompressionHook", "SRViTCheckpointHook", "DivergenceCheckHook", "SRViTRunner"]
+           "Fp16CompressionHook", "SRViTCheckpointHook", "DivergenceCheckHook", "SRViTRunner", "SRViTLVISMetric"]

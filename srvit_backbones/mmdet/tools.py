@@ -107,7 +107,7 @@ def check_data(cfg: Config, loaders, read_files: bool = False) -> None:
 
 
 def check_lvis_data(cfg: Config, loaders) -> None:
-    """An LVIS dataset's and LVISMetric's annotation files must be LVIS-format, and a training
+    """An LVIS dataset's and (SRViT)LVISMetric's annotation files must be LVIS-format, and a training
     config's federated losses must find ``num_classes`` image counts (LVIS v1's shipped ones, or
     their ``image_counts`` file): an ``LVISFormatError`` naming the field and the fix otherwise (mmdet
     would train on COCO's ids read as LVIS's and fail at its first evaluation, or at its first loss)."""
@@ -123,7 +123,7 @@ def check_lvis_data(cfg: Config, loaders) -> None:
         if name.split("_")[0] + "_dataloader" not in loaders:
             continue
         for where, evaluator in _evaluators(cfg.get(name), name):
-            if evaluator.get("type") == "LVISMetric" and evaluator.get("ann_file"):
+            if str(evaluator.get("type", "")).endswith("LVISMetric") and evaluator.get("ann_file"):
                 files.append((f"{where}.ann_file", evaluator["ann_file"]))
     for where, path in files:
         check_lvis_annotations(path, f"{where}:")

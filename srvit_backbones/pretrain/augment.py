@@ -5,9 +5,12 @@ sampled magnitude reaches 10, and ``Posterize`` does at magnitudes below 2.5; Pi
 ``ImageOps.posterize`` rejects 0 bits with ``ValueError``, which would kill a data-loader worker
 a few times per thousand images. Older Pillow kept 0 bits, i.e. masked every value to 0; this op
 does the same and leaves every other bit count to timm's own posterize (Pillow for 1..7,
-unchanged for >= 8). ``install()`` puts it into timm's name->op table, which ``AugmentOp``
-reads when a transform is built, so importing ``srvit_backbones.pretrain`` is enough.
+unchanged for >= 8). ``guarded_posterize()`` puts it into timm's name->op table, which
+``AugmentOp`` reads when a transform is built, while our loaders build theirs
+(``engine.build_loaders``); timm's table is as it was after, for anyone else's transforms.
 """
+import contextlib
+
 from PIL import Image
 from timm.data import auto_augment
 
@@ -22,7 +25,13 @@ def posterize(img: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
     return _TIMM_POSTERIZE(img, bits_to_keep, **kwargs)
 
 
-def install() -> None:
-    """Register the guarded posterize under timm's posterize op names (idempotent)."""
-    for name in POSTERIZE_OPS:
-        auto_augment.NAME_TO_OP[name] = posterize
+@contextlib.contextmanager
+def guarded_posterize():
+    """While active, timm's posterize op names give the guarded ``posterize``: the RandAugment
+    transforms built inside keep it. Timm's table is restored after."""
+    saved = {name: auto_augment.NAME_TO_OP[name] for name in POSTERIZE_OPS}
+    auto_augment.NAME_TO_OP.update(dict.fromkeys(POSTERIZE_OPS, posterize))
+    try:
+        yield
+    finally:
+        auto_augment.NAME_TO_OP.update(saved)

@@ -21,6 +21,7 @@ from srvit_backbones import amp
 from srvit_backbones.errors import ConfigError, InputError
 from srvit_backbones.faults import (Diverged, SkippedStepCounter, atomic_torch_save, divergence_message,
                                     refuse_non_finite_weights)
+from srvit_backbones.pretrain.augment import guarded_posterize
 
 logger = logging.getLogger("srvit.pretrain")
 
@@ -92,9 +93,10 @@ def build_loaders(args, model, train_set, val_set, num_classes: int, distributed
                   interpolation="bicubic", num_workers=args.workers, distributed=distributed,
                   use_prefetcher=use_prefetcher, device=device, persistent_workers=False,
                   pin_memory=use_prefetcher)
-    train_loader = create_loader(train_set, batch_size=args.batch_size // world, is_training=True,
-                                 auto_augment=args.auto_augment, re_prob=args.reprob, re_mode="pixel",
-                                 num_aug_repeats=aug_repeats, collate_fn=collate_fn, **common)
+    with guarded_posterize():  # timm's posterize fails on the 0 bits its RandAugment asks for
+        train_loader = create_loader(train_set, batch_size=args.batch_size // world, is_training=True,
+                                     auto_augment=args.auto_augment, re_prob=args.reprob, re_mode="pixel",
+                                     num_aug_repeats=aug_repeats, collate_fn=collate_fn, **common)
     val_loader = create_loader(val_set, batch_size=max(1, args.batch_size // world), is_training=False,
                                crop_pct=data_cfg["crop_pct"], **common)
     return train_loader, val_loader, mixup_fn

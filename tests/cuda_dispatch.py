@@ -16,6 +16,9 @@ Modelled: the GPU of ``CudaSDPARules`` (by default an H100 with torch 2.14's CUD
 cuDNN 9.24, where torch puts cuDNN first in the priority order, ``check_prefer_cudnn_attention``),
 dense 4-D inputs, no nested tensors, no GQA; what a rule checks that a tensor on the CPU cannot
 show (the device) is assumed true.
+
+A test helper (tests/test_cuda_dispatch.py): it judges our kernels' GPU path on a machine without
+a GPU; ``tools/benchmark.py --attention`` times the real thing on one.
 """
 import contextlib
 import dataclasses
@@ -27,8 +30,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ..models.rel_pos import LOW_PRECISION
-from .launches import LaunchCounter
+from srvit_backbones.benchmark.launches import LaunchCounter
+from srvit_backbones.models.rel_pos import LOW_PRECISION
 
 BACKENDS = ("cudnn", "flash", "efficient", "math")
 #: each fused backend's forward and backward operation, as CUDA's composite calls them
@@ -277,29 +280,3 @@ def backbone_step_operations(name: str, size: int, batch: int, dtype: torch.dtyp
     step()
     return count_cuda_launches(step, rules=rules)
 
-
-def main(argv=None):
-    """``python -m srvit_backbones.benchmark.cuda_dispatch``: the operations of a training step
-    of the global and of the windowed (14x14, relative positions) backbone with CUDA's dispatch
-    emulated, per batch size, and their ratio."""
-    import argparse
-
-    import srvit_backbones  # noqa: F401  (registers the variants)
-
-    p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("--model", default="srvit_s_t3")
-    p.add_argument("--size", type=int, default=1024)
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2])
-    args = p.parse_args(argv)
-    for batch in args.batch_sizes:
-        plain, plain_calls = backbone_step_operations(args.model, args.size, batch)
-        windowed, windowed_calls = backbone_step_operations(args.model, args.size, batch, window_size=14,
-                                                            use_rel_pos=True)
-        backends = sorted({c["backend"] for c in plain_calls + windowed_calls})
-        print(f"{args.model} at {args.size}, batch {batch}, fp16 training step on CUDA (emulated): global "
-              f"{plain.total} operations, windowed + rel-pos {windowed.total} ({windowed.total / plain.total:.2f}x); "
-              f"SDPA backends: {', '.join(backends)}")
-
-
-if __name__ == "__main__":
-    main()
