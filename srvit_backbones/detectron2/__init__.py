@@ -3,7 +3,6 @@
 LazyConfig users build ``SimpleFeaturePyramid(net=SRViTBackbone(...))`` and
 ``optimizer.params = L(srvit_optimizer_params)(...)`` (see ``detectron2_configs/``); yacs
 users call ``add_srvit_config(cfg)`` and set ``MODEL.BACKBONE.NAME = "build_srvit_sfp_backbone"``.
-``DeviceAMPTrainer`` is detectron2's ``AMPTrainer`` on any device type (``train.amp`` on the CPU).
 Importing it also makes fvcore's flop counter count fused attention
 (``srvit_backbones.flops.count_attention_by_default``), as detectron2's tools/analyze_model.py runs it.
 """
@@ -12,7 +11,6 @@ from fvcore.nn.flop_count import _DEFAULT_SUPPORTED_OPS as FVCORE_FLOP_HANDLES
 from .backbone import SRViTBackbone, find_srvit_backbone, srvit_optimizer_params
 from .checkpoint import SRViTCheckpointer, is_core_checkpoint
 from .lvis import fed_loss_cls_weights
-from .training import DeviceAMPTrainer
 from .validate import is_lvis_config, validate_config, validate_lvis_data
 from .yacs_config import add_srvit_config, build_srvit_sfp_backbone
 from ..flops import count_attention_by_default
@@ -23,4 +21,4 @@ count_attention_by_default(FVCORE_FLOP_HANDLES)  # detectron2's analyze_model.py
 
 __all__ = ["SRViTBackbone", "SRViTCheckpointer", "srvit_optimizer_params", "find_srvit_backbone",
            "add_srvit_config", "build_srvit_sfp_backbone", "is_core_checkpoint", "validate_config",
-           "validate_lvis_data", "is_lvis_config", "fed_loss_cls_weights", "DeviceAMPTrainer"]
+           "validate_lvis_data", "is_lvis_config", "fed_loss_cls_weights"]
