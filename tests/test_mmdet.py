@@ -706,8 +706,9 @@ def test_our_test_det_and_its_errors(coco_root, trained, tmp_path, monkeypatch):
         assert expected in message
     with pytest.raises(SystemExit, match="checkpoint 'missing.pth' does not exist"):
         load_tool("test_det").main([QUICKSTART, "missing.pth"])
-    with pytest.raises(SystemExit, match=r"^mixed precision \(mmengine's AmpOptimWrapper\) needs a GPU, and this run's "
-                                         r"device is 'cpu': train in fp32, --cfg-options optim_wrapper.type=OptimWrapper$"):
+    with pytest.raises(SystemExit, match=r"^mixed precision \(mmengine's AmpOptimWrapper\) needs a GPU, and this "
+                                         r"run's device is 'cpu': train in fp32, --cfg-options "
+                                         r"optim_wrapper.type=OptimWrapper$"):
         load_tool("train_det").main([FLAGSHIP, "--work-dir", str(tmp_path / "w")])  # the flagship's AmpOptimWrapper
 
 
