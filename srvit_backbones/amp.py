@@ -1,11 +1,11 @@
-"""Mixed precision, one rule for every tool, framework and device: ``--amp`` (``auto``; detectron2's
-``train.amp.enabled``, mmengine's ``AmpOptimWrapper`` without a ``dtype``) means fp16 autocast with a
-GradScaler on CUDA and bf16 autocast on a CPU with native bf16 (AVX512-BF16 or AMX), and a clear
-error on a CPU without it, never a silent fp32 run (emulated bf16 is slower than fp32). A dtype
-named explicitly (``--amp fp16`` / ``bf16``, a config's dtype) runs on any CUDA or CPU device: on
-a CPU that lacks it natively it is slower than fp32, and says so (a warning), but it runs the
-GPU's code path (fp16's loss scaling and skipped steps included), which is how the tests check
-that path on a CPU."""
+"""Mixed precision of the package's own loops and tools (pretraining, the demo, export, the
+benchmarks): ``--amp`` (``auto``) means fp16 autocast with a GradScaler on CUDA and bf16 autocast
+on a CPU with native bf16 (AVX512-BF16 or AMX), and a clear error on a CPU without it, never a
+silent fp32 run (emulated bf16 is slower than fp32). A dtype named explicitly (``--amp fp16`` /
+``bf16``) runs on any CUDA or CPU device: on a CPU that lacks it natively it is slower than fp32,
+and says so (a warning), but it runs the GPU's code path (fp16's loss scaling and skipped steps
+included), which is how the tests check that path on a CPU. detectron2's and mmengine's training
+use the frameworks' own mixed precision (``AMPTrainer``, ``AmpOptimWrapper``), on a GPU only."""
 import contextlib
 import warnings
 from typing import ContextManager, Optional
@@ -28,12 +28,6 @@ def cpu_has_native_fp16() -> bool:
     exposes no check of AVX512-FP16, so a CPU with that alone is warned about as emulated too."""
     check = getattr(getattr(torch, "cpu", None), "_is_amx_fp16_supported", None)
     return bool(check is not None and check())
-
-
-def runs_auto(device) -> bool:
-    """Whether ``--amp auto`` (a framework's mixed precision with no dtype named) runs on ``device``
-    (a ``torch.device`` or its name): on CUDA, and on a CPU with native bf16."""
-    return torch.device(device).type == "cuda" or cpu_has_native_bf16()
 
 
 def amp_dtype(device: str) -> torch.dtype:

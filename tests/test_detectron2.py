@@ -8,13 +8,13 @@ import re
 import shutil
 import subprocess
 import sys
-from contextlib import nullcontext
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 from detectron2.config import LazyConfig, get_cfg, instantiate
-from detectron2.engine import hooks
+from detectron2.engine import AMPTrainer, SimpleTrainer, hooks
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import build_model
 from detectron2.structures import BitMasks, Instances
@@ -23,7 +23,6 @@ from omegaconf import OmegaConf
 
 import srvit_backbones
 from srvit_backbones import CheckpointError, ConfigError, create_srvit, load_pretrained
-from srvit_backbones.amp import cpu_has_native_fp16
 from srvit_backbones.detectron2 import (SRViTBackbone, SRViTCheckpointer, add_srvit_config, srvit_optimizer_params,
                                         train_net, validate_config)
 from srvit_backbones.layer_decay import lr_decay_factor
@@ -509,24 +508,36 @@ def test_a_diverged_run_stops_at_once_naming_the_last_checkpoint(coco_root, tmp_
 FEW_ROIS = ["model.roi_heads.batch_size_per_image=8", "dataloader.train.total_batch_size=1"]
 
 
-def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(coco_root, tmp_path):
-    """tools/train_net.py's trainer with train.amp.enabled=True train.amp.precision=fp16 on the
-    CPU: detectron2's AMPTrainer on the CPU (DeviceAMPTrainer), the GPU's fp16 code path, on a
-    CPU GradScaler whose scale, restored from its state as a resume restores it, overflows fp16's
-    gradients at every halving (1e30): every step is skipped, silently to detectron2, and the
-    DivergenceCheck stops the run at the first skip past its limit (1 here: the CPU's emulated
-    fp16 steps take seconds; the default 20 is counted in test_pretrain and test_faults)."""
-    from srvit_backbones.detectron2 import faults as detectron2_faults
-    from srvit_backbones.detectron2.training import DeviceAMPTrainer
+class CPUAMPTrainer(AMPTrainer):
+    """A CPU stand-in for detectron2's ``AMPTrainer`` (a test fixture, not a feature): its
+    ``run_step``, unmodified, under CPU autocast to its precision, with ``torch.cuda.is_available``
+    answering yes for the step (its assertion; its CUDA autocast is then a no-op on CPU tensors),
+    and a CPU GradScaler (its default, CUDA's, is off without CUDA)."""
 
+    def __init__(self, model, data_loader, optimizer, **kwargs):
+        super().__init__(model, data_loader, optimizer, grad_scaler=torch.amp.GradScaler("cpu"), **kwargs)
+
+    def run_step(self):
+        with torch.autocast("cpu", dtype=self.precision), mock.patch("torch.cuda.is_available", return_value=True):
+            super().run_step()
+
+
+def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(coco_root, tmp_path, monkeypatch):
+    """tools/train_net.py's trainer in fp16 (``CPUAMPTrainer`` standing in for detectron2's
+    AMPTrainer, which ``trainer_class`` builds on CUDA) with its hooks, on a GradScaler whose
+    scale, restored from its state as a resume restores it, overflows fp16's gradients at every
+    halving (1e30): every step is skipped, silently to detectron2, and the DivergenceCheck stops
+    the run at the first skip past its limit (1 here: the CPU's fp16 steps take seconds; the
+    default 20 is counted in test_pretrain and test_faults)."""
+    from srvit_backbones.detectron2 import faults as detectron2_faults, training
+
+    monkeypatch.setattr(training, "trainer_class", lambda cfg: (CPUAMPTrainer, dict(precision=torch.float16)))
     args = train_net_args(["--config", QUICKSTART, f"train.output_dir={tmp_path}", *TINY, *FEW_ROIS,
-                           "train.amp.enabled=True", "train.amp.precision=fp16", "train.max_iter=8",
-                           "train.eval_period=1000", "train.checkpointer.period=1000", *in_process_data(coco_root)])
-    with pytest.warns(UserWarning, match="fp16 on this CPU is emulated") if not cpu_has_native_fp16() else nullcontext():
-        trainer, start_iter = train_net.build_trainer(args, train_net.load_config(args))
-    assert type(trainer) is DeviceAMPTrainer and (trainer.device_type, trainer.precision) == ("cpu", torch.float16)
+                           "train.max_iter=8", "train.eval_period=1000", "train.checkpointer.period=1000",
+                           *in_process_data(coco_root)])
+    trainer, start_iter = train_net.build_trainer(args, train_net.load_config(args))
+    assert type(trainer) is CPUAMPTrainer
     scaler = trainer.grad_scaler
-    assert type(scaler) is torch.amp.GradScaler and scaler._device == "cpu" and scaler.is_enabled()
     scaler.load_state_dict({**scaler.state_dict(), "scale": 1e30})  # as trainer.load_state_dict on --resume
     (check,) = [hook for hook in trainer._hooks if isinstance(hook, detectron2_faults.DivergenceCheck)]
     check.skipped.limit = 1
@@ -542,112 +553,26 @@ def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(coco_root, tmp_pa
     assert trainer.grad_scaler.get_scale() == pytest.approx(1e30 / 2 ** 2)
 
 
-def test_amp_on_the_cpu_trains_bf16_where_the_cpu_has_it(coco_root, tmp_path, monkeypatch):
-    """train.amp.enabled=True on the CPU is --amp auto: bf16 autocast (seen inside the model:
-    the box classifier's logits) on a CPU with native bf16; refused before anything is built,
-    naming both fixes, on a CPU without it; a train.amp.precision that is no dtype's name, and a
-    device other than CUDA and the CPU, are refused."""
-    from srvit_backbones import amp
-    from srvit_backbones.detectron2.training import DeviceAMPTrainer
+def test_amp_is_detectron2s_amp_trainer_on_cuda_and_refused_on_the_cpu(tmp_path):
+    """``train.amp.enabled=True`` builds detectron2's own AMPTrainer (its default GradScaler) where
+    ``train.device`` is CUDA, in fp16 or ``train.amp.precision``'s dtype, and SimpleTrainer
+    without it (``trainer_class``: this machine cannot build AMPTrainer's CUDA GradScaler); on a
+    CPU tools/train_net.py refuses it before anything is built, naming the fix (a
+    ``train.amp.precision`` that names no dtype: ``test_train_net_bad_input_is_explained``)."""
+    from srvit_backbones.detectron2.training import load_config, trainer_class
 
-    argv = ["--config", QUICKSTART, f"train.output_dir={tmp_path}", *TINY, *FEW_ROIS, "train.amp.enabled=True",
-            "train.max_iter=2", "train.eval_period=1000", "train.checkpointer.period=1000"]
-    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: True)  # the rule's branch, whatever this CPU has
-    args = train_net_args([*argv, *in_process_data(coco_root)])
-    cfg = train_net.load_config(args)
-    validate_config(cfg)
-    trainer, start_iter = train_net.build_trainer(args, cfg)
-    assert type(trainer) is DeviceAMPTrainer and (trainer.device_type, trainer.precision) == ("cpu", torch.bfloat16)
-    logits = []  # (training, dtype): the steps', then the final evaluation's (fp32, as detectron2 evaluates)
-    trainer.model.roi_heads.box_predictor.cls_score.register_forward_hook(
-        lambda module, inputs, output: logits.append((module.training, output.dtype)))
-    before = trainer.model.roi_heads.box_predictor.cls_score.weight.detach().clone()
-    trainer.train(start_iter, 2)
-    weight = trainer.model.roi_heads.box_predictor.cls_score.weight
-    assert logits[:2] == [(True, torch.bfloat16)] * 2 and set(logits[2:]) == {(False, torch.float32)}
-    assert weight.dtype == torch.float32 and not torch.equal(weight, before)
-    assert math.isfinite(trainer.storage.latest()["total_loss"][0])
-
-    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: False)  # train_net.main: what each process runs
-    with pytest.raises(ConfigError, match=r"^config error: train.amp.enabled=True on the CPU trains bf16, but this "
-                                          r"CPU has no native bf16 .*train.amp.enabled=False "
-                                          r".*train.amp.precision=bf16"):
-        train_net.main(train_net_args(argv))
-    with pytest.raises(ConfigError, match=r"^config error: train.amp.precision='fp32' is not one of "
-                                          r"\('fp16', 'bf16'\)"):
-        train_net.main(train_net_args([*argv, "train.amp.precision=fp32"]))
-    with pytest.raises(ConfigError, match=r"^config error: train.amp.enabled=True runs on train.device cuda or cpu, "
-                                          r"got 'mps': pass train.amp.enabled=False"):
-        train_net.main(train_net_args([*argv, "train.device=mps"]))
-    with pytest.raises(SystemExit, match=r"^config error: train.amp.enabled=True on the CPU trains bf16"):
-        load_tool("train_net").main(train_net_args(argv))  # the tool's: the message, exit status 1
-
-
-def test_device_amp_trainer_steps_as_the_installed_amp_trainer():
-    """DeviceAMPTrainer.run_step is the installed detectron2's AMPTrainer.run_step, statement by
-    statement (its syntax tree), but for the CUDA assertion and the autocast's device type:
-    what it does on CUDA, where it must be AMPTrainer, cannot be run here. A detectron2 whose
-    run_step changed fails here: repeat its new statements."""
-    import ast
-    import inspect
-    import textwrap
-
-    from detectron2.engine import AMPTrainer
-
-    from srvit_backbones.detectron2.training import DeviceAMPTrainer
-
-    def statements(method):
-        body = ast.parse(textwrap.dedent(inspect.getsource(method))).body[0].body
-        return [ast.unparse(node) for node in body if not (isinstance(node, ast.Expr)  # the docstring
-                                                           and isinstance(node.value, ast.Constant))]
-
-    cuda_only = ["assert torch.cuda.is_available(), '[AMPTrainer] CUDA is required for AMP training!'",
-                 "from torch.cuda.amp import autocast"]
-    theirs = [line for line in statements(AMPTrainer.run_step) if line not in cuda_only]
-    assert len(theirs) == len(statements(AMPTrainer.run_step)) - 2
-    cuda_autocast, device_autocast = "with autocast(dtype=self.precision):", \
-        "with torch.autocast(self.device_type, dtype=self.precision):"
-    assert sum(cuda_autocast in line for line in theirs) == 1
-    assert statements(DeviceAMPTrainer.run_step) == [line.replace(cuda_autocast, device_autocast) for line in theirs]
-
-
-def test_an_amp_trainer_state_resumes_into_the_device_amp_trainer_and_back(tmp_path):
-    """The trainer's state (iteration, optimizer, GradScaler) saved by detectron2's own
-    AMPTrainer through the checkpointer resumes into DeviceAMPTrainer, and its state into
-    AMPTrainer: the same keys, the scaler's state by value. (AMPTrainer is given a CPU
-    GradScaler: its default, CUDA's, is off without CUDA and saves nothing; the state of either
-    is the same plain numbers.)"""
-    from detectron2.engine import AMPTrainer
-
-    from srvit_backbones.detectron2.training import DeviceAMPTrainer
-
-    def trainer(kind, scaler=None, **kwargs):
-        model = torch.nn.Linear(2, 2)
-        return kind(model, [], torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), grad_scaler=scaler, **kwargs)
-
-    def save(source, folder):
-        folder.mkdir()
-        source.iter = 41
-        SRViTCheckpointer(source.model, str(folder), trainer=source).save("model_0000041", iteration=41)
-
-    def resume(target, folder):
-        SRViTCheckpointer(target.model, str(folder), trainer=target).resume_or_load("", resume=True)
-        return target
-
-    saved = trainer(AMPTrainer, torch.amp.GradScaler("cpu", init_scale=2.0 ** 9, growth_interval=100))
-    saved.grad_scaler.load_state_dict({**saved.grad_scaler.state_dict(), "_growth_tracker": 7})
-    save(saved, tmp_path / "amp")
-    ours = resume(trainer(DeviceAMPTrainer, device_type="cpu"), tmp_path / "amp")
-    assert ours.iter == 41 and set(ours.state_dict()) == set(saved.state_dict()) == {"iteration", "optimizer",
-                                                                                      "grad_scaler"}
-    assert ours.grad_scaler.state_dict() == saved.grad_scaler.state_dict() == dict(
-        scale=512.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=100, _growth_tracker=7)
-
-    ours.grad_scaler.load_state_dict({**ours.grad_scaler.state_dict(), "scale": 64.0, "_growth_tracker": 3})
-    save(ours, tmp_path / "ours")
-    back = resume(trainer(AMPTrainer, torch.amp.GradScaler("cpu")), tmp_path / "ours")
-    assert back.iter == 41 and back.grad_scaler.state_dict() == ours.grad_scaler.state_dict()
-    assert back.grad_scaler.get_scale() == 64.0
+    cfg = load_config(S_T3, ["train.device=cuda:1"])
+    assert cfg.train.amp.enabled and trainer_class(cfg) == (AMPTrainer, dict(precision=torch.float16))
+    cfg.train.amp.precision = "bf16"
+    assert trainer_class(cfg) == (AMPTrainer, dict(precision=torch.bfloat16))
+    cfg.train.amp.enabled = False
+    assert trainer_class(cfg) == (SimpleTrainer, {})
+    tool = load_tool("train_net")  # its parser and main, as launch runs them
+    argv = ["--config", QUICKSTART, f"train.output_dir={tmp_path}", *TINY, "train.amp.enabled=True"]
+    with pytest.raises(SystemExit, match=r"^config error: train.amp.enabled=True trains in mixed precision with "
+                                         r"detectron2's AMPTrainer, which needs a CUDA GPU, and train.device is "
+                                         r"'cpu': pass train.amp.enabled=False to train in fp32$"):
+        tool.main(tool.parse_args(argv))
 
 
 def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(coco_root, trained, tmp_path):

@@ -32,12 +32,11 @@ from mmengine.structures import InstanceData
 
 import srvit_backbones
 import srvit_backbones.mmdet  # noqa: F401  (registers SRViT, SimpleFeaturePyramid, ...)
-from srvit_backbones import CheckpointError, DataCheckError, amp, create_srvit, curves
+from srvit_backbones import CheckpointError, ConfigError, DataCheckError, create_srvit, curves
 from srvit_backbones.detectron2 import SRViTBackbone as D2Backbone, SRViTCheckpointer, srvit_optimizer_params
 from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.rel_pos import is_rel_pos
 from srvit_backbones.openmmlab.hooks import Fp16CompressionHook
-from srvit_backbones.openmmlab.optim_wrapper import DeviceAmpOptimWrapper
 from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg,
                      assert_mmengine_compiled_training_equals_eager, assert_mmengine_resume_restores,
                      assert_mmengine_run_stops_diverged, file_size_limit, free_port, kill_machine_1_beside_one_machine,
@@ -547,41 +546,23 @@ def test_a_diverged_run_stops_at_once_naming_the_last_checkpoint(coco_root, tmp_
     assert_mmengine_run_stops_diverged(runner, work)
 
 
-def test_mixed_precision_on_the_cpu_is_refused_naming_mmcvs_float32_kernels(coco_root, tmp_path, monkeypatch):
-    """mmcv's CPU nms fails on fp16 and bf16 boxes and its RoIAlign on bf16 (the premise, checked),
-    so a two-stage detector in mixed precision on the CPU, which the rule would run (bf16 on a CPU
-    with native bf16, a dtype named anywhere), is refused before anything is built by
-    tools/train_det.py (``--amp``, the config's AmpOptimWrapper, both: each with its fix), and when
-    a training run of mmdet's own tools/train.py (SRViTRunner) builds the optim wrapper; a
-    detector without an RPN is not refused."""
-    from mmcv.ops import nms, roi_align
-
-    from srvit_backbones.mmdet import proposals_refuse_cpu_mixed_precision
+def test_mmdets_own_train_py_is_refused_mixed_precision_without_a_gpu_naming_the_fix(tmp_path):
+    """A config's AmpOptimWrapper (the flagship's) as mmdet's own tools/train.py runs it
+    (``SRViTRunner``, the configs' runner_type, without our tools' check): the Runner is built (a
+    test run needs no optimizer), and training is refused before anything more is built, naming
+    the fix, where mmengine's wrapper would fail a bare assertion of a GPU."""
     from srvit_backbones.openmmlab.runner import SRViTRunner
 
-    boxes, scores = torch.tensor([[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 11.0, 11.0]]), torch.tensor([0.9, 0.8])
-    for dtype in (torch.float16, torch.bfloat16):
-        with pytest.raises(RuntimeError, match="expected scalar type Float but found"):
-            nms(boxes.to(dtype), scores.to(dtype), 0.5)
-    with pytest.raises(RuntimeError, match="not implemented for 'BFloat16'"):
-        roi_align(torch.rand(1, 2, 8, 8, dtype=torch.bfloat16), torch.tensor([[0.0, 0, 0, 4, 4]]).bfloat16(), (2, 2))
-    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: True)  # past the dtype rule on any CPU
-    monkeypatch.chdir(coco_root)
-    refused = r"^mixed precision on the CPU cannot train this mmdet model: mmcv's CPU kernels compute float32 only.*nms"
-    common = [QUICKSTART, "--work-dir", str(tmp_path / "w")]
-    fp16 = ["optim_wrapper.type=AmpOptimWrapper", "optim_wrapper.dtype=float16"]
-    for argv, fix in ((["--amp"], r": drop --amp to train in fp32$"),
-                      (["--cfg-options", *fp16], r": train in fp32, --cfg-options optim_wrapper.type=OptimWrapper$"),
-                      (["--amp", "--cfg-options", *fp16], r"optim_wrapper.type=OptimWrapper, and drop --amp$")):
-        with pytest.raises(SystemExit, match=refused + ".*" + fix):
-            load_tool("train_det").main([*common, *argv])
     cfg = Config.fromfile(QUICKSTART)
     cfg.merge_from_dict(dict(launcher="none", work_dir=str(tmp_path / "mim"), optim_wrapper=dict(
-        type="AmpOptimWrapper", dtype="float16")))
-    runner = SRViTRunner.from_cfg(cfg)  # as mmdet's own tools/train.py builds it, without our tools' check
-    with pytest.raises(ValueError, match=refused + r".*optim_wrapper.type=OptimWrapper.*drop --amp too"):
-        runner.build_optim_wrapper(runner.optim_wrapper)  # what Runner.train() builds first
-    assert proposals_refuse_cpu_mixed_precision(Config(dict(model=dict(type="RetinaNet")))) is None
+        type="AmpOptimWrapper", loss_scale="dynamic")))
+    runner = SRViTRunner.from_cfg(cfg)  # as mmdet's own tools/train.py builds it
+    with pytest.raises(ConfigError, match=r"^mixed precision \(mmengine's AmpOptimWrapper\) needs a GPU, and this "
+                                          r"run's device is 'cpu': train in fp32, --cfg-options "
+                                          r"optim_wrapper.type=OptimWrapper \(with tools/train.py's --amp, drop "
+                                          r"--amp too: it sets optim_wrapper.type after --cfg-options\)$"):
+        runner.train()
+    assert isinstance(runner.optim_wrapper, dict)  # nothing built
 
 
 def test_quickstart_learns(trained):
@@ -725,11 +706,10 @@ def test_our_test_det_and_its_errors(coco_root, trained, tmp_path, monkeypatch):
         assert expected in message
     with pytest.raises(SystemExit, match="checkpoint 'missing.pth' does not exist"):
         load_tool("test_det").main([QUICKSTART, "missing.pth"])
-    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: False)  # the flagship's AmpOptimWrapper on such a CPU
-    with pytest.raises(SystemExit, match=r"cannot train this mmdet model: mmcv's CPU kernels compute float32 only.*: "
-                                         r"train in fp32, --cfg-options optim_wrapper.type=OptimWrapper$"):
-        load_tool("train_det").main([FLAGSHIP, "--work-dir", str(tmp_path / "w"), "--cfg-options",
-                                     "optim_wrapper.device_type=cpu"])  # the run's device, passed in
+    with pytest.raises(SystemExit, match=r"^mixed precision \(mmengine's AmpOptimWrapper\) needs a GPU, and this "
+                                         r"run's device is 'cpu': train in fp32, --cfg-options "
+                                         r"optim_wrapper.type=OptimWrapper$"):
+        load_tool("train_det").main([FLAGSHIP, "--work-dir", str(tmp_path / "w")])  # the flagship's AmpOptimWrapper
 
 
 def test_det_inferencer_and_inference_detector(coco_root, trained):

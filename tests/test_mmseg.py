@@ -11,8 +11,8 @@ import resource
 import shutil
 import subprocess
 import sys
-import warnings
 from types import SimpleNamespace
+from unittest import mock
 
 import mmseg
 import pytest
@@ -20,17 +20,17 @@ import torch
 from mmengine.config import Config
 from mmengine.fileio import register_backend
 from mmengine.logging import MMLogger
-from mmengine.registry import DefaultScope
+from mmengine.registry import OPTIM_WRAPPERS, DefaultScope
 from mmengine.optim import AmpOptimWrapper, OptimWrapper, build_optim_wrapper
+from mmengine.optim.optimizer import amp_optimizer_wrapper
 from mmseg.registry import MODELS
 from mmseg.utils import register_all_modules
 
 import srvit_backbones
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
-from srvit_backbones import CheckpointError, ConfigError, amp, create_srvit
+from srvit_backbones import CheckpointError, create_srvit
 from srvit_backbones.openmmlab import hooks as openmmlab_hooks
 from srvit_backbones.openmmlab.hooks import AtomicLocalBackend, DivergenceCheckHook, SRViTCheckpointHook
-from srvit_backbones.openmmlab.optim_wrapper import DeviceAmpOptimWrapper
 from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg, assert_mmengine_resume_restores,
                      assert_mmengine_run_stops_diverged, divergence_report, file_size_limit, free_port,
                      interpolated_pos_embed, kill_machine_1_beside_one_machine, load_tool, side_by_side, torchrun,
@@ -483,22 +483,38 @@ def test_a_configs_own_runner_gets_the_same_fault_handling(seg_root, tmp_path, m
         assert [hook["type"] for hook in cfg.custom_hooks] == [*kept, "DivergenceCheckHook"]
 
 
+@OPTIM_WRAPPERS.register_module()  # mmengine's root registry: a config names it 'CPUAmpOptimWrapper'
+class CPUAmpOptimWrapper(AmpOptimWrapper):
+    """A CPU stand-in for mmengine's ``AmpOptimWrapper`` (a test fixture, not a feature): its
+    ``__init__``, ``backward``, ``step`` and state, unmodified, built with mmengine's GPU check
+    answering yes and its GradScaler a CPU one (CUDA's is off without CUDA); its autocast CPU
+    autocast to its dtype (mmengine's allows only bf16 on the CPU)."""
+
+    def __init__(self, **kwargs):
+        with mock.patch.multiple(amp_optimizer_wrapper, is_cuda_available=lambda: True,
+                                 GradScaler=functools.partial(torch.amp.GradScaler, "cpu")):
+            super().__init__(**kwargs)
+
+    @contextlib.contextmanager
+    def optim_context(self, model):
+        with OptimWrapper.optim_context(self, model), torch.autocast("cpu", dtype=self.cast_dtype):
+            yield
+
+
 def test_under_gradient_accumulation_the_skips_are_counted_per_optimizer_step():
     """With ``accumulative_counts=2`` the GradScaler steps (and skips) every second iteration only:
     DivergenceCheckHook counts those iterations (the ones between leave the scale as it was, which
     ended the row before) and stops at the 21st skipped step in a row, on mmengine's own
-    update_params; a gradient infinite at every scale (sqrt at 0). The wrapper is the tools' own
-    with the GPU's fp16 loss scaling on a CPU GradScaler; the runner is a stand-in holding what
-    the hook reads."""
+    update_params; a gradient infinite at every scale (sqrt at 0). The wrapper is mmengine's
+    AmpOptimWrapper on the CPU (``CPUAmpOptimWrapper``); the runner is a stand-in holding what the
+    hook reads."""
     from mmengine.logging import MessageHub
 
     from srvit_backbones.faults import Diverged
 
     weights = torch.nn.Parameter(torch.zeros(4))
-    with warnings.catch_warnings():  # fp16 emulated on this CPU: said, and what is tested here
-        warnings.simplefilter("ignore")
-        wrapper = DeviceAmpOptimWrapper(optimizer=torch.optim.SGD([weights], lr=0.1), accumulative_counts=2,
-                                        dtype="float16", device_type="cpu")
+    wrapper = CPUAmpOptimWrapper(optimizer=torch.optim.SGD([weights], lr=0.1), accumulative_counts=2,
+                                 dtype="float16")
     wrapper.initialize_count_status(torch.nn.Linear(1, 1), 0, 200)
     runner = SimpleNamespace(optim_wrapper=wrapper, iter=0, message_hub=MessageHub.get_instance("accumulation"),
                              logger=MMLogger.get_instance("accumulation"))
@@ -512,16 +528,15 @@ def test_under_gradient_accumulation_the_skips_are_counted_per_optimizer_step():
 
 
 def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(seg_root, tmp_path, monkeypatch):
-    """tools/train_seg.py's Runner with a config's ``AmpOptimWrapper`` in fp16, as the tool builds
-    it (the package's ``DeviceAmpOptimWrapper`` on the CPU: the GPU's fp16 autocast and loss
-    scaling), its GradScaler at a scale that overflows fp16's gradients at every halving (1e30):
-    every step is skipped, silently to mmengine, and the config's DivergenceCheckHook stops the
-    run at the first skip past its limit (1 here: the CPU's emulated fp16 steps take seconds; the
-    default 20 is counted in test_pretrain and test_faults)."""
+    """tools/train_seg.py's Runner with a config's mixed precision in fp16 (``CPUAmpOptimWrapper``:
+    mmengine's AmpOptimWrapper on the CPU), its GradScaler at a scale that overflows fp16's
+    gradients at every halving (1e30): every step is skipped, silently to mmengine, and the
+    config's DivergenceCheckHook stops the run at the first skip past its limit (1 here: the CPU's
+    fp16 steps take seconds; the default 20 is counted in test_pretrain and test_faults)."""
     config = tmp_path / "upernet_fp16.py"
     config.write_text(f"_base_ = {QUICKSTART!r}\n"
                       "custom_hooks = [dict(type='DivergenceCheckHook', max_consecutive_skipped_steps=1)]\n"
-                      "optim_wrapper = dict(type='AmpOptimWrapper', dtype='float16', "
+                      "optim_wrapper = dict(type='CPUAmpOptimWrapper', dtype='float16', "
                       "loss_scale=dict(init_scale=1e30))\n")
     monkeypatch.chdir(seg_root)
     runner = load_tool("train_seg").build_runner([str(config), "--work-dir", str(tmp_path / "work"), "--cfg-options",
@@ -529,44 +544,15 @@ def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(seg_root, tmp_pat
     logits = []  # (dtype, shape) of the decode head's logits, a step each
     runner.model.decode_head.conv_seg.register_forward_hook(
         lambda module, inputs, output: logits.append((output.dtype, tuple(output.shape))))
-    with pytest.raises(FloatingPointError) as error, \
-            pytest.warns(UserWarning, match="fp16 on this CPU is emulated") if not amp.cpu_has_native_fp16() \
-            else contextlib.nullcontext():
+    with pytest.raises(FloatingPointError) as error:
         runner.train()
-    assert type(runner.optim_wrapper) is DeviceAmpOptimWrapper and runner.optim_wrapper.device_type == "cpu"
+    assert type(runner.optim_wrapper) is CPUAmpOptimWrapper
     iteration, last = divergence_report(str(error.value))
     assert iteration == runner.iter + 1 == len(logits) == 2 and last is None
     assert set(logits) == {(torch.float16, (2, 150, 16, 16))}  # fp16, of 64x64 crops
     assert "AmpOptimWrapper's GradScaler skipped 2 optimizer steps in a row" in str(error.value)
     assert "fp32: optim_wrapper.type=OptimWrapper" in str(error.value)
     assert runner.optim_wrapper.loss_scaler.get_scale() == pytest.approx(1e30 / 2 ** 2)
-
-
-def test_a_loss_scale_saved_by_mmengines_amp_optim_wrapper_resumes_into_ours_and_back():
-    """A checkpoint's ``optimizer`` as mmengine's AmpOptimWrapper saves it on CUDA: the optimizer's
-    state and ``loss_scaler``, its ``torch.cuda.amp.GradScaler``'s state (these five keys). Ours
-    loads it, the scale and growth tracker landing, and saves the same keys and values for
-    mmengine's to load: its state_dict and load_state_dict are mmengine's, on a GradScaler whose
-    state is the CUDA one's (the same class's methods; CUDA's is a subclass that keeps them)."""
-    assert torch.cuda.amp.GradScaler.state_dict is torch.amp.GradScaler.state_dict
-    assert torch.cuda.amp.GradScaler.load_state_dict is torch.amp.GradScaler.load_state_dict
-    assert DeviceAmpOptimWrapper.state_dict is AmpOptimWrapper.state_dict
-    assert DeviceAmpOptimWrapper.load_state_dict is AmpOptimWrapper.load_state_dict
-    weights = torch.nn.Parameter(torch.ones(4))
-    sgd = torch.optim.SGD([weights], lr=0.1, momentum=0.9)
-    weights.grad = torch.ones(4)
-    sgd.step()
-    scaler_state = dict(scale=2.0 ** 13, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
-                        _growth_tracker=117)
-    saved = {**sgd.state_dict(), "loss_scaler": dict(scaler_state)}
-    ours = DeviceAmpOptimWrapper(optimizer=torch.optim.SGD([torch.nn.Parameter(torch.ones(4))], lr=0.1, momentum=0.9),
-                                 dtype="bfloat16", device_type="cpu")
-    ours.load_state_dict(dict(saved))
-    assert ours.loss_scaler.get_scale() == 2.0 ** 13 and ours.loss_scaler._get_growth_tracker() == 117
-    back = ours.state_dict()
-    assert back["loss_scaler"] == scaler_state
-    assert back["param_groups"] == saved["param_groups"]
-    assert torch.equal(back["state"][0]["momentum_buffer"], saved["state"][0]["momentum_buffer"])
 
 
 def test_torchrun_on_cpus_two_machines_train_as_one_and_a_killed_rank_ends_the_job(seg_root, tmp_path):
@@ -689,69 +675,19 @@ def test_the_quickstart_seed_gives_the_same_weights(seg_root):
     assert first["meta"]["seed"] == second["meta"]["seed"] == 0
 
 
-def test_the_device_amp_optim_wrapper_takes_mmengines_arguments():
-    """mmengine's ``loss_scale`` meanings (a number: a fixed scale, which a skipped step leaves as it
-    is, and which DivergenceCheckHook warns of when training starts; a dict: GradScaler's
-    arguments; anything else an error) and ``dtype`` as a name or a torch dtype; an NPU, MLU or
-    MUSA device is refused naming mmengine's own wrapper, another device (MPS) naming fp32."""
+def test_a_fixed_loss_scale_is_warned_of_when_training_starts():
+    """mmengine's ``loss_scale`` as a number is a fixed scale, which a skipped step leaves as it is
+    (so skipped steps go on unseen by the scale): DivergenceCheckHook warns of it when training
+    starts, naming 'dynamic'."""
     weights = torch.nn.Parameter(torch.zeros(4))
-    build = functools.partial(DeviceAmpOptimWrapper, optimizer=torch.optim.SGD([weights], lr=0.1), device_type="cpu")
-    fixed = build(loss_scale=512, dtype=torch.bfloat16)
-    assert (fixed._scale_update_param, fixed.cast_dtype) == (512.0, torch.bfloat16)
+    fixed = CPUAmpOptimWrapper(optimizer=torch.optim.SGD([weights], lr=0.1), loss_scale=512.0, dtype="float16")
     fixed.update_params(torch.sqrt(weights).sum())  # an infinite gradient: skipped, the scale kept
     assert fixed.loss_scaler.get_scale() == 512.0 and torch.equal(weights, torch.zeros(4))
-    configured = build(loss_scale=dict(init_scale=2.0 ** 10, growth_interval=7), dtype="bfloat16")
-    assert configured.loss_scaler.state_dict()["growth_interval"] == 7 and configured._scale_update_param is None
-    with pytest.raises(TypeError, match="loss_scale takes 'dynamic', a number .* got 'static'"):
-        build(loss_scale="static", dtype="bfloat16")
-    with pytest.raises(ValueError, match=r"runs on 'cuda' and 'cpu' devices, this run's is 'npu'.*"
-                                         r"optim_wrapper.type='mmengine.AmpOptimWrapper'"):
-        build(dtype="bfloat16", device_type="npu")
-    with pytest.raises(ValueError, match=r"not on this run's 'mps' device: train in fp32 \(--cfg-options "
-                                         r"optim_wrapper.type=OptimWrapper\)"):
-        build(dtype="bfloat16", device_type="mps")
     runner = SimpleNamespace(optim_wrapper=fixed, logger=MMLogger.get_instance("fixed_loss_scale"))
     with logged_warnings(runner.logger) as warned:
         DivergenceCheckHook().before_train(runner)
     assert [record.getMessage().split(":")[0] for record in warned] == [
         "optim_wrapper.loss_scale=512.0 is a fixed loss scale"]
-
-
-def test_an_fsdp_run_keeps_its_sharded_grad_scaler():
-    """mmengine's FSDPStrategy gives the optim wrapper ``use_fsdp=True`` (torch's ShardedGradScaler,
-    whose ranks agree on skipping a step) only where it is named AmpOptimWrapper: the run's
-    config, as prepare_training renames it, sets it where the model is sharded (the strategy by
-    name, scoped name, class, subclass or object; a Runner's MMFullyShardedDataParallel) unless the config says,
-    and nowhere else; the wrapper builds torch's ShardedGradScaler with it, on the CPU too."""
-    from mmengine._strategy import FSDPStrategy
-    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-    from srvit_backbones.openmmlab.tools import prepare_training
-
-    def prepared(**run):
-        cfg = Config(dict(launcher="none", optim_wrapper=dict(type="AmpOptimWrapper", device_type="cuda"), **run))
-        prepare_training(cfg)
-        assert cfg.optim_wrapper.type == "DeviceAmpOptimWrapper"
-        return cfg.optim_wrapper.get("use_fsdp")
-
-    class OwnFSDPStrategy(FSDPStrategy):  # a config's own subclass, by class
-        pass
-
-    for sharded in (dict(strategy=dict(type="FSDPStrategy")), dict(strategy=dict(type="mmengine.FSDPStrategy")),
-                    dict(strategy=dict(type=FSDPStrategy)), dict(strategy=dict(type=OwnFSDPStrategy)),
-                    dict(strategy=FSDPStrategy()),
-                    dict(model_wrapper_cfg=dict(type="MMFullyShardedDataParallel"))):
-        assert prepared(**sharded) is True, sharded
-    for plain in ({}, dict(strategy=dict(type="DDPStrategy")),
-                  dict(model_wrapper_cfg=dict(type="MMDistributedDataParallel"))):
-        assert prepared(**plain) is None, plain
-    cfg = Config(dict(launcher="none", strategy=dict(type="FSDPStrategy"),
-                      optim_wrapper=dict(type="AmpOptimWrapper", device_type="cuda", use_fsdp=False)))
-    prepare_training(cfg)
-    assert cfg.optim_wrapper.use_fsdp is False  # the config's own
-    wrapper = DeviceAmpOptimWrapper(optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(4))], lr=0.1),
-                                    dtype="bfloat16", use_fsdp=True, device_type="cpu")
-    assert type(wrapper.loss_scaler) is ShardedGradScaler and wrapper.loss_scaler._device == "cpu"
 
 
 def test_fp32_on_a_mixed_precision_config_drops_its_amp_keys_saying_so(seg_root, tmp_path, monkeypatch):
@@ -774,109 +710,49 @@ def test_fp32_on_a_mixed_precision_config_drops_its_amp_keys_saying_so(seg_root,
         "optim_wrapper.dtype are dropped"]
 
 
-def test_amp_is_one_rule_for_both_openmmlab_tools(tmp_path, monkeypatch):
-    """``--amp`` switches a config to AmpOptimWrapper with a dynamic loss scale (mmseg's and
-    mmdet's own scripts' switch), which the run builds as ``DeviceAmpOptimWrapper``: fp16 on
-    CUDA, bf16 on a CPU with native bf16. On a CPU without it (``srvit_backbones.amp``'s rule)
-    ``--amp``, and a config that trains with AmpOptimWrapper without a dtype, are refused before
-    anything is built, each naming the fixes (one ``apply_amp`` for train_seg and train_det; a
-    two-stage detector is refused first, test_mmdet), in the terms of what asked for it (a config's
-    own AmpOptimWrapper, by any name, with ``--amp``: the config's message, and ``--amp`` dropped
-    too; its loss scale kept); a dtype named runs there. mmengine's OptimWrapper by a scoped name
-    drops the mixed-precision keys too. On an NPU (MLU, MUSA) AmpOptimWrapper stays mmengine's own; on another device
-    (MPS), which neither wrapper runs on, it is refused naming the fix."""
+def test_amp_is_mmengines_amp_optim_wrapper_on_a_gpu_and_refused_without_one(tmp_path, monkeypatch):
+    """``--amp`` switches a config to mmengine's AmpOptimWrapper with a dynamic loss scale (mmseg's
+    and mmdet's own scripts' switch; a config's own mixed precision, by any name, keeps its loss
+    scale), which every run builds as it is, mmengine's own (its config checked, not built: it
+    asserts a GPU). Without a GPU, ``--amp`` and a config's AmpOptimWrapper are refused before
+    anything is built by tools/train_seg.py and train_det.py (one ``apply_amp``), naming the fix in
+    the terms of what asked for it; a config's own subclass of it (the CPU stand-in) is not."""
     from srvit_backbones.openmmlab import tools
-    from srvit_backbones.openmmlab.tools import apply_amp, prepare_training
+    from srvit_backbones.openmmlab.tools import apply_amp, optim_wrapper_class, prepare_training
 
-    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: False)
-    cfg = Config.fromfile(QUICKSTART)
-    cfg.optim_wrapper.device_type = "cuda"  # the run's device, passed in
-    apply_amp(cfg, requested=True)
-    assert cfg.optim_wrapper.type == "AmpOptimWrapper" and cfg.optim_wrapper.loss_scale == "dynamic"
-    assert cfg.optim_wrapper.constructor == "SRViTLayerDecayOptimizerConstructor"  # the rest kept
-    cfg.launcher = "none"
-    prepare_training(cfg)
-    assert cfg.optim_wrapper.type == "DeviceAmpOptimWrapper"
     with monkeypatch.context() as device:  # the run's device, as the tools ask mmengine for it
-        device.setattr(tools, "get_device", lambda: "npu")
-        npu = Config(dict(launcher="none", optim_wrapper=dict(type="AmpOptimWrapper")))
-        apply_amp(npu, requested=True)
-        prepare_training(npu)
-        assert npu.optim_wrapper.type == "AmpOptimWrapper"  # mmengine's own runs there
-        device.setattr(tools, "get_device", lambda: "mps")  # neither runs there: mmengine's would fail an assert
-        for config_type, requested, fix in (("AmpOptimWrapper", False, r"train in fp32 \(--cfg-options "
-                                                                        r"optim_wrapper.type=OptimWrapper\)$"),
-                                            ("OptimWrapper", True, "drop --amp to train in fp32$")):
-            mps = Config(dict(launcher="none", optim_wrapper=dict(type=config_type)))
-            with pytest.raises(ConfigError, match=r"^(--amp trains )?mixed precision .*CUDA and the CPU.* not on "
-                                                  r"this run's 'mps' device: " + fix):
-                apply_amp(mps, requested)
-    common = [QUICKSTART, "--work-dir", str(tmp_path / "w")]
-    with pytest.raises(SystemExit, match=r"--amp on the CPU runs bf16, but this CPU has no native bf16.*drop "
-                                         r"--amp.*--cfg-options optim_wrapper.dtype=float16"):
-        load_tool("train_seg").main([*common, "--amp"])
-    with pytest.raises(SystemExit, match=r"AmpOptimWrapper' without a dtype .* no native bf16.*--cfg-options "
-                                         r"optim_wrapper.type=OptimWrapper.*--cfg-options optim_wrapper.dtype"):
-        load_tool("train_seg").main([*common, "--cfg-options", "optim_wrapper.type=AmpOptimWrapper"])
-    with pytest.raises(SystemExit, match="cannot train this mmdet model: mmcv's CPU kernels"):  # before the dtype
-        load_tool("train_det").main(["quickstart/mask_rcnn_srvit_tiny_cpu.py", "--work-dir", str(tmp_path / "w"),
-                                     "--amp"])  # (test_mmdet: the refusal's premise and its other branches)
-    with pytest.raises(SystemExit) as flagship:  # its own AmpOptimWrapper: the config's message, with --amp's part
-        load_tool("train_seg").main([*common, "--amp", "--cfg-options", "optim_wrapper.type=mmseg.AmpOptimWrapper",
-                                     "optim_wrapper.loss_scale=512.0"])
-    assert re.fullmatch(r"optim_wrapper.type='AmpOptimWrapper' without a dtype .* no native bf16.*train in fp32 "
-                        r"\(--cfg-options optim_wrapper.type=OptimWrapper\).*optim_wrapper.dtype=float16\) \(for fp32 "
-                        r"drop --amp too: it makes an OptimWrapper AmpOptimWrapper\)", str(flagship.value))
-    scoped = Config(dict(launcher="none", default_scope="mmseg", optim_wrapper=dict(
-        type="mmengine.AmpOptimWrapper", loss_scale=512.0, device_type="cuda")))
-    apply_amp(scoped, requested=True)  # mixed precision already, by another name: its own loss scale kept
-    assert scoped.optim_wrapper.type == "mmengine.AmpOptimWrapper" and scoped.optim_wrapper.loss_scale == 512.0
-    prepare_training(scoped)
-    assert scoped.optim_wrapper.type == "DeviceAmpOptimWrapper"
+        device.setattr(tools, "get_device", lambda: "cuda")
+        cfg = Config.fromfile(QUICKSTART)
+        apply_amp(cfg, requested=True)
+        cfg.launcher = "none"
+        prepare_training(cfg)
+        assert (cfg.optim_wrapper.type, cfg.optim_wrapper.loss_scale) == ("AmpOptimWrapper", "dynamic")
+        assert optim_wrapper_class(cfg.optim_wrapper) is AmpOptimWrapper and "dtype" not in cfg.optim_wrapper
+        assert cfg.optim_wrapper.constructor == "SRViTLayerDecayOptimizerConstructor"  # the rest kept
+        scoped = Config(dict(launcher="none", optim_wrapper=dict(type="mmseg.AmpOptimWrapper", loss_scale=512.0)))
+        apply_amp(scoped, requested=True)  # mixed precision already, by another name: its own loss scale kept
+        prepare_training(scoped)
+        assert scoped.optim_wrapper == dict(type="mmseg.AmpOptimWrapper", loss_scale=512.0)
+        device.setattr(tools, "get_device", lambda: "npu")  # mmengine's runs there too
+        apply_amp(Config(dict(optim_wrapper=dict(type="AmpOptimWrapper"))), requested=True)
+    refused = r"^mixed precision \(mmengine's AmpOptimWrapper\) needs a GPU, and this run's device is 'cpu': "
+    common = ["--work-dir", str(tmp_path / "w")]
+    monkeypatch.chdir(tmp_path)  # no datasets/ here: refused before the data check
+    for tool, config, argv, fix in (
+            ("train_seg", QUICKSTART, ["--amp"], "drop --amp to train in fp32$"),
+            ("train_det", "quickstart/mask_rcnn_srvit_tiny_cpu.py", ["--amp"], "drop --amp to train in fp32$"),
+            ("train_seg", QUICKSTART, ["--cfg-options", "optim_wrapper.type=mmseg.AmpOptimWrapper"],
+             "train in fp32, --cfg-options optim_wrapper.type=OptimWrapper$"),
+            ("train_seg", QUICKSTART, ["--amp", "--cfg-options", "optim_wrapper.type=AmpOptimWrapper"],
+             "train in fp32, --cfg-options optim_wrapper.type=OptimWrapper, and drop --amp$")):
+        with pytest.raises(SystemExit, match=refused + fix):
+            load_tool(tool).main([config, *common, *argv])
+    own = Config(dict(optim_wrapper=dict(type="CPUAmpOptimWrapper")))
+    apply_amp(own, requested=True)  # a config's own subclass: its own business
+    assert own.optim_wrapper.type == "CPUAmpOptimWrapper"
     scoped = Config(dict(launcher="none", optim_wrapper=dict(type="mmseg.OptimWrapper", loss_scale="dynamic")))
     prepare_training(scoped)  # fp32 by a scoped name: the mixed-precision key dropped too
     assert "loss_scale" not in scoped.optim_wrapper
-    cfg = Config.fromfile(QUICKSTART)
-    cfg.optim_wrapper.dtype = "float16"
-    apply_amp(cfg, requested=True)  # named: the GPU's fp16 path, on this CPU too
-    assert cfg.optim_wrapper.type == "AmpOptimWrapper"
-    cfg.optim_wrapper.dtype = "float32"  # mmengine's autocast would quietly run fp32 with a GradScaler
-    with pytest.raises(ConfigError, match=r"^optim_wrapper.dtype='float32': mixed precision runs 'float16' or "
-                                          r"'bfloat16'.*optim_wrapper.type=OptimWrapper"):
-        apply_amp(cfg, requested=False)
-
-
-def test_amp_on_a_cpu_trains_in_bf16(seg_root, tmp_path, monkeypatch):
-    """tools/train_seg.py ``--amp`` on a CPU with native bf16 (the rule's branch, whatever this
-    CPU has): the package's wrapper on the CPU, bf16 inside the model (the decode head's logits),
-    mmengine's dynamic GradScaler at its first scale (bf16 does not overflow)."""
-    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: True)
-    monkeypatch.chdir(seg_root)
-    one_step = [o.replace("max_iters=24", "max_iters=1") for o in SMALL]
-    runner = load_tool("train_seg").build_runner([QUICKSTART, "--amp", "--work-dir", str(tmp_path / "work"),
-                                                  "--cfg-options", *one_step, *CROP_64, "val_dataloader=None",
-                                                  "val_cfg=None", "val_evaluator=None"])
-    logits = []
-    runner.model.decode_head.conv_seg.register_forward_hook(lambda module, inputs, output: logits.append(output.dtype))
-    runner.train()
-    wrapper = runner.optim_wrapper
-    assert type(wrapper) is DeviceAmpOptimWrapper
-    assert (wrapper.device_type, wrapper.cast_dtype) == ("cpu", torch.bfloat16)
-    assert logits == [torch.bfloat16] and runner.iter == 1
-    assert wrapper.loss_scaler.get_scale() == 2.0 ** 16 and wrapper.loss_scaler._get_growth_tracker() == 1
-
-
-def test_the_segmentor_benchmark_asks_the_cpu_when_it_runs(monkeypatch):
-    """The benchmark's segmentor step (tools/gpu_check.py's (b)) asks ``amp.cpu_has_native_bf16``
-    when it runs, not when it was first imported: a test that patches the function (as the GPU
-    check's tests do) gets its branch whatever ran before it. bf16 where the CPU has it, fp32
-    where it does not."""
-    from srvit_backbones.mmseg.benchmark import segmentor_step
-
-    for native, wrapper_type in ((True, DeviceAmpOptimWrapper), (False, OptimWrapper)):
-        monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: native)
-        _, wrapper = segmentor_step("quickstart/upernet_srvit_tiny_cpu.py", 32, 1, "cpu")
-        assert type(wrapper) is wrapper_type
 
 
 def test_mmengines_whole_model_compile_is_refused_naming_the_backbones_switch(tmp_path):

@@ -379,7 +379,6 @@ def test_one_amp_rule_for_every_device(monkeypatch):
     from srvit_backbones import amp
 
     monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: True)
-    assert amp.runs_auto("cpu")
     expected = {("cuda", "auto"): torch.float16, ("cuda:1", "fp16"): torch.float16, ("cuda", "bf16"): torch.bfloat16,
                 ("cpu", "auto"): torch.bfloat16, ("cpu", "bf16"): torch.bfloat16, ("cpu", "none"): None,
                 ("cuda", "none"): None}
@@ -393,7 +392,6 @@ def test_one_amp_rule_for_every_device(monkeypatch):
     monkeypatch.setattr(amp, "cpu_has_native_fp16", lambda: False)
     with pytest.raises(ValueError, match="no native bf16.*--amp none"):
         amp.resolve_precision("cpu", "auto")
-    assert [amp.runs_auto(device) for device in ("cpu", "cuda", torch.device("cuda:1"))] == [False, True, True]
     for named, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):  # named: run, emulated, and said
         with pytest.warns(UserWarning, match=f"{named} on this CPU is emulated, slower than fp32"):
             assert amp.resolve_precision("cpu", named) == dtype

@@ -33,7 +33,7 @@ dataloader.train.num_workers = 1
 dataloader.test.num_workers = 1
 
 train.device = "cpu"
-train.amp.enabled = False  # fp32 on any CPU; True trains bf16 on a CPU with native bf16
+train.amp.enabled = False  # fp32: AMPTrainer (mixed precision) needs a CUDA GPU
 train.max_iter = 300
 train.eval_period = 300
 train.checkpointer.period = 150

@@ -1,7 +1,7 @@
 # A small SR-ViT Mask R-CNN that trains and evaluates on the CPU in a few minutes on the
 # synthetic shapes of tools/make_synthetic_coco.py (--root datasets). The same recipe as the
 # paper configs at a tiny scale: 192x192 LSJ, a 64-wide SR-ViT (T=2), a 64-channel pyramid and
-# heads, fp32 (--amp: bf16 on a CPU that has it); as detectron2_configs/quickstart/mask_rcnn_srvit_tiny_cpu.py.
+# heads, fp32 (mixed precision needs a GPU); as detectron2_configs/quickstart/mask_rcnn_srvit_tiny_cpu.py.
 _base_ = '../_base_/mask_rcnn_srvit_sfp_lsj_270k_coco.py'
 
 image_size = (192, 192)

@@ -31,11 +31,10 @@ the checks of the training paths:
     --throughput-size (224) is read against the target of >= 1.2x eager on a GPU.
 
 Data are synthetic (images with boxes and masks, label maps, an ImageFolder of noise): the
-check measures the code paths, speed and memory, not accuracy. On the CPU the frameworks' AMP
-paths run on the device (detectron2's AMPTrainer as ``DeviceAMPTrainer``, mmengine's
-AmpOptimWrapper as ``DeviceAmpOptimWrapper``), so (a) and (b) run in bf16 on a CPU that has it
-natively and in fp32 on one without, and (c), (d) and (g) in bf16 where the CPU has it
-(``srvit_backbones.amp``; ``--no-amp``: fp32). Without
+check measures the code paths, speed and memory, not accuracy. The frameworks' AMP (detectron2's
+AMPTrainer, mmengine's AmpOptimWrapper) needs CUDA, so on the CPU (a) and (b) run in fp32, and
+(c), (d) and (g) in bf16 where the CPU has it natively (``srvit_backbones.amp``; ``--no-amp``:
+fp32). Without
 CUDA and without ``--device`` it says so, runs (e) with the GPU's choices forced on the CPU and
 exits 0.
 

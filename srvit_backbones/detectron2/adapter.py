@@ -35,10 +35,11 @@ class Detectron2Adapter(FrameworkAdapter):
         check_config_data(path, args.opts, args.coco_train, args.coco_val)
 
     def time_training(self, config, size, images, device, warmup, steps):
-        from .. import amp
+        import torch
+
         from .benchmark import trainer_steps
 
-        mixed = amp.runs_auto(device)  # train.amp.enabled's rule: fp32 where it does not run
+        mixed = torch.device(device).type == "cuda"  # AMPTrainer's: fp32 elsewhere
         opts = [f"model.backbone.net.img_size={size}", f"model.backbone.square_pad={size}",
                 f"train.device={device}", f"train.amp.enabled={mixed}"]
         return trainer_steps(config, opts, images=images, warmup=warmup, steps=steps)

@@ -3,7 +3,7 @@ handle silently (a square pad smaller than the images crops them)."""
 import torch
 
 from .custom_data import check_num_classes
-from .training import autocast_dtype
+from .training import trainer_class
 
 
 def _max_image_side(augmentations):
@@ -38,10 +38,9 @@ def validate_config(cfg):
                     f"to at least {-(-side // patch) * patch} or shrink the {split} augmentations")
     device = cfg.train.get("device", "cuda")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("train.device is 'cuda' but no GPU is available: pass train.device=cpu to run on the CPU "
-                         "(where train.amp.enabled=True trains bf16 if the CPU has it natively; else add "
-                         "train.amp.enabled=False)")
-    autocast_dtype(cfg)  # train.amp on this device: the trainer's dtype, or the error naming the fix
+        raise ValueError("train.device is 'cuda' but no GPU is available: pass train.device=cpu "
+                         "train.amp.enabled=False to run on the CPU (mixed precision needs a CUDA GPU)")
+    trainer_class(cfg)  # train.amp on this device: the trainer, or the error naming the fix
     validate_lvis_data(cfg)  # first: an LVIS config on a COCO file also has other classes
     check_num_classes(cfg)
     return cfg

@@ -3,12 +3,11 @@
 its ``LayerNorm2d``, the ``SRViTLayerDecayOptimizerConstructor`` and the
 ``Fp16CompressionHook``: what mmdet's ``projects/ViTDet`` gives, which the pip wheel lacks;
 and the fault hooks (``SRViTCheckpointHook``, ``DivergenceCheckHook``) with the ``SRViTRunner``
-the configs name (``runner_type``); the ``SRViTLVISMetric`` of the LVIS configs (mmdet's
-``LVISMetric`` under numpy 2); and why its detectors cannot train in mixed precision on a
-CPU (mmcv's float32-only CPU nms: ``openmmlab.optim_wrapper.CPU_MIXED_PRECISION_REFUSALS``).
+the configs name (``runner_type``); and the ``SRViTLVISMetric`` of the LVIS configs (mmdet's
+``LVISMetric`` under numpy 2).
 Configs import it with ``custom_imports = dict(imports=['srvit_backbones.mmdet'])``; importing it
 changes nothing in mmdet, mmengine or lvis besides their registries."""
-from typing import List, Optional
+from typing import List
 
 from mmdet.evaluation.metrics import LVISMetric
 from mmdet.registry import HOOKS, METRICS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS
@@ -16,25 +15,10 @@ from mmdet.registry import HOOKS, METRICS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS
 from ..openmmlab import SRViTBackbone, SRViTLayerDecayOptimizerConstructor, checkpoint_loading  # noqa: F401
 from ..openmmlab.runner import SRViTRunner
 from ..openmmlab.hooks import DivergenceCheckHook, Fp16CompressionHook, SRViTCheckpointHook
-from ..openmmlab.optim_wrapper import CPU_MIXED_PRECISION_REFUSALS
 from ..lvis import lvis_under_numpy2
 from .cascade import SingleMaskCascadeRoIHead  # noqa: F401  (registers it)
 from .losses import FederatedSigmoidCELoss  # noqa: F401  (registers it)
 from .neck import LayerNorm2d, SimpleFeaturePyramid
-
-
-def proposals_refuse_cpu_mixed_precision(cfg) -> Optional[str]:
-    """Why a detector with a region proposal network (two-stage: Mask R-CNN, Cascade, every
-    shipped config) cannot train in mixed precision on a CPU; None for one without (RetinaNet,
-    DETR: mmcv's nms runs at test time only)."""
-    if not (cfg.get("model") or {}).get("rpn_head"):
-        return None
-    return ("mmcv's CPU kernels compute float32 only: its nms, which picks the RPN's proposals, fails on fp16 and "
-            "bf16 boxes ('expected scalar type Float but found Half'), and its RoIAlign on bf16 (on a GPU mmcv's "
-            "kernels take both)")
-
-
-CPU_MIXED_PRECISION_REFUSALS["mmdet"] = proposals_refuse_cpu_mixed_precision
 
 
 @MODELS.register_module(name="SRViT")

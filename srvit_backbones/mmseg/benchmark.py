@@ -3,16 +3,14 @@ with the optim wrapper a GPU user trains it with, stepped and timed (the GPU che
 ``MMSegAdapter.time_training``), and synthetic ADE20K-like batches."""
 import torch
 from mmengine.config import Config
-from mmengine.optim import build_optim_wrapper
+from mmengine.optim import AmpOptimWrapper, build_optim_wrapper
 from mmengine.registry import DefaultScope
 from mmengine.structures import PixelData
 from mmseg.registry import MODELS
 from mmseg.structures import SegDataSample
 
-from .. import amp
 from ..benchmark.timing import Timer
 from ..config_files import resolve_config
-from ..openmmlab.optim_wrapper import DeviceAmpOptimWrapper  # noqa: F401  (registers it)
 from ..openmmlab.tools import sync_bn_to_bn
 from . import SRViTBackbone  # noqa: F401  (registers the backbone)
 
@@ -33,20 +31,18 @@ def synthetic_segmentation_batch(images, size, classes=150):
 def segmentor_step(config, size, images, device):
     """(step, optim wrapper): one training step of an mmseg config's segmentor (``train_step``
     through its optim wrapper) on ``images`` synthetic images at ``size``, without the config's
-    pretrained file (the step, not the accuracy), through ``AmpOptimWrapper`` (what a GPU user
-    switches on; ``DeviceAmpOptimWrapper`` on ``device``: fp16 on CUDA, bf16 on a CPU with native
-    bf16), in fp32 on a CPU without it; on the CPU with plain BN (SyncBN needs CUDA). The step
-    returns the step's log (``loss`` and its parts)."""
+    pretrained file (the step, not the accuracy), through mmengine's ``AmpOptimWrapper`` with a
+    dynamic loss scale on CUDA (what a GPU user switches on, ``--amp``: fp16), in fp32 elsewhere,
+    on the CPU with plain BN (SyncBN needs CUDA). The step returns the step's log (``loss`` and
+    its parts)."""
     cfg = Config.fromfile(resolve_config("mmseg", config))
     cfg.model.data_preprocessor.size = (size, size)
     cfg.model.backbone.img_size = (size, size)
     cfg.model.backbone.pop("init_cfg", None)
     device_type = torch.device(device).type
-    if amp.runs_auto(device):
-        cfg.optim_wrapper.update(type="DeviceAmpOptimWrapper", device_type=device_type)
+    if device_type == "cuda":
+        cfg.optim_wrapper.update(type="AmpOptimWrapper", loss_scale="dynamic")
     else:
-        cfg.optim_wrapper.type = "OptimWrapper"
-    if device_type != "cuda":
         sync_bn_to_bn(cfg.model)
     with DefaultScope.overwrite_default_scope("mmseg"):
         model = MODELS.build(cfg.model).to(device)
@@ -62,15 +58,16 @@ def segmentor_step(config, size, images, device):
 
 
 def segmentor_steps(config, size, images, device, warmup=1, steps=1):
-    """``warmup + steps`` steps of ``segmentor_step`` (AmpOptimWrapper on CUDA, and on a CPU with
-    native bf16): the GPU check's row of s/iter, peak memory, loss, autocast dtype and loss scale."""
+    """``warmup + steps`` steps of ``segmentor_step`` (AmpOptimWrapper on CUDA): the GPU check's
+    row of s/iter, peak memory, loss, autocast dtype and loss scale."""
     step, wrapper = segmentor_step(config, size, images, device)
     timer = Timer(device)
     for _ in range(warmup + steps):
         with timer.step():
             log = step()
-    scale = wrapper.loss_scaler.get_scale() if hasattr(wrapper, "loss_scaler") else None
-    dtype = getattr(wrapper, "cast_dtype", None)
+    amp = isinstance(wrapper, AmpOptimWrapper)  # its cast_dtype None is autocast's own: fp16 on CUDA
+    scale = wrapper.loss_scaler.get_scale() if amp else None
+    dtype = (wrapper.cast_dtype or torch.get_autocast_dtype("cuda")) if amp else None
     return dict(config=config, size=size, images=images, optim_wrapper=type(wrapper).__name__,
                 autocast_dtype=str(dtype).replace("torch.", "") if dtype else None, loss_scale=scale,
                 loss=float(log["loss"].detach()), **timer.summary(warmup))

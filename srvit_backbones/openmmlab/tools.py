@@ -5,7 +5,6 @@ check of the dataset's files before the Runner is built, and a training run's fa
 import logging
 import os
 import os.path as osp
-import warnings
 from typing import Callable, Iterable, Optional
 
 import torch
@@ -19,11 +18,11 @@ from mmengine.registry import OPTIM_WRAPPERS
 from ..config_files import resolve_config
 from ..errors import ConfigError, DataCheckError
 from ..faults import COLLECTIVE_TIMEOUT_S, collective_timeout
-from .optim_wrapper import (MMENGINE_AMP_DEVICES, DeviceAmpOptimWrapper, amp_optim_dtype, cpu_mixed_precision_refusal,
-                            device_kind)
 
-#: the arguments only mixed precision takes (mmengine's ``AmpOptimWrapper``'s and ``DeviceAmpOptimWrapper``'s)
-AMP_ONLY_KEYS = ("loss_scale", "dtype", "use_fsdp", "device_type", "cpu_refusal")
+#: the arguments only mixed precision takes (mmengine's ``AmpOptimWrapper``'s)
+AMP_ONLY_KEYS = ("loss_scale", "dtype", "use_fsdp")
+#: the devices mmengine's ``AmpOptimWrapper`` trains on (it asserts one of them)
+AMP_DEVICES = ("cuda", "npu", "mlu", "musa")
 
 
 def optim_wrapper_class(optim_wrapper):
@@ -34,57 +33,32 @@ def optim_wrapper_class(optim_wrapper):
     return kind if isinstance(kind, type) else None
 
 
+def amp_without_gpu(optim_wrapper) -> Optional[str]:
+    """Why an ``optim_wrapper`` config cannot train on this run's device: mmengine's
+    ``AmpOptimWrapper`` (by any name; a config's own subclass is left to itself) without a GPU,
+    where mmengine's asserts one without naming the fix (which the caller adds); else None."""
+    device = get_device()
+    if optim_wrapper_class(optim_wrapper) is not AmpOptimWrapper or device in AMP_DEVICES:
+        return None
+    return f"mixed precision (mmengine's AmpOptimWrapper) needs a GPU, and this run's device is {device!r}"
+
+
 def apply_amp(cfg: Config, requested: bool) -> None:
     """``--amp``: train with ``AmpOptimWrapper`` and a dynamic loss scale, as mmseg's and mmdet's
     own tools/train.py do, where the config does not train in mixed precision already (its own
-    loss scale kept). ``prepare_training`` makes ``AmpOptimWrapper`` ``DeviceAmpOptimWrapper``:
-    fp16 on CUDA, bf16 on a CPU with native bf16. Mixed precision that cannot run here, asked by
-    ``--amp`` or by the config, is refused before anything is built, naming the fix in the terms
-    of what asked for it: a model whose framework cannot train it so on a CPU
-    (``cpu_mixed_precision_refusal``), a CPU without native bf16 and no dtype named
-    (``srvit_backbones.amp``'s rule: never a silent fp32 run, nor emulated bf16, which is slower
-    than fp32), a device other than CUDA, the CPU, NPU, MLU or MUSA: a ``ConfigError``."""
+    loss scale kept). Mixed precision on a run without a GPU, asked by ``--amp`` or by the
+    config, is refused before anything is built (``amp_without_gpu``), naming the fix in the
+    terms of what asked for it."""
     kind = optim_wrapper_class(cfg.optim_wrapper)
     switched = requested and not (kind and issubclass(kind, AmpOptimWrapper))  # --amp made it AmpOptimWrapper
     if switched:
         cfg.optim_wrapper.type = "AmpOptimWrapper"
         cfg.optim_wrapper.loss_scale = "dynamic"
-    if optim_wrapper_class(cfg.optim_wrapper) not in (AmpOptimWrapper, DeviceAmpOptimWrapper) \
-            or not runs_device_amp(cfg.optim_wrapper):
-        return  # fp32, mmengine's own on an NPU, MLU or MUSA device, or a wrapper of the config's own
-    device_type = device_kind(cfg.optim_wrapper.get("device_type") or get_device())
-    refused = cpu_mixed_precision_refusal(cfg) if device_type == "cpu" else None
-    if refused:
-        raise ConfigError(refused + (": drop --amp to train in fp32" if switched else
-                                     ": train in fp32, --cfg-options optim_wrapper.type=OptimWrapper"
-                                     + (", and drop --amp" if requested else "")))
-    try:
-        with warnings.catch_warnings():  # an emulated dtype: the wrapper warns when it is built
-            warnings.simplefilter("ignore")
-            amp_optim_dtype(device_type, cfg.optim_wrapper.get("dtype"))
-    except ValueError as e:
-        message = str(e)
-        if switched and device_type not in ("cuda", "cpu"):
-            message = (f"--amp trains mixed precision on CUDA and the CPU (and, by mmengine's own AmpOptimWrapper, on "
-                       f"NPU, MLU and MUSA), not on this run's {device_type!r} device: drop --amp to train in fp32")
-        elif switched and device_type == "cpu" and cfg.optim_wrapper.get("dtype") is None:
-            message = ("--amp on the CPU runs bf16, but this CPU has no native bf16 (AVX512-BF16 or AMX), and "
-                       "emulated bf16 is slower than fp32: drop --amp to train in fp32, or name the dtype, "
-                       "--cfg-options optim_wrapper.dtype=float16, to run the GPU's fp16 path here (loss scaling "
-                       "and skipped steps; slower than fp32)")
-        elif requested:  # the config's own message, and --amp would make an OptimWrapper AmpOptimWrapper again
-            message += " (for fp32 drop --amp too: it makes an OptimWrapper AmpOptimWrapper)"
-        raise ConfigError(message) from None
-
-
-def runs_device_amp(optim_wrapper) -> bool:
-    """Whether an ``optim_wrapper`` config runs ``DeviceAmpOptimWrapper``: everywhere but on an
-    NPU, MLU or MUSA device (its ``device_type``, else the run's), where an ``AmpOptimWrapper``
-    stays mmengine's own, which runs there. On a device that neither runs (MPS...)
-    ``DeviceAmpOptimWrapper`` refuses it naming the fix, where mmengine's fails an assert."""
-    if optim_wrapper.get("type") == "DeviceAmpOptimWrapper":
-        return True
-    return device_kind(optim_wrapper.get("device_type") or get_device()) not in MMENGINE_AMP_DEVICES
+    why = amp_without_gpu(cfg.optim_wrapper)
+    if why:
+        raise ConfigError(why + (": drop --amp to train in fp32" if switched else
+                                 ": train in fp32, --cfg-options optim_wrapper.type=OptimWrapper"
+                                 + (", and drop --amp" if requested else "")))
 
 
 def check_compile(cfg: Config) -> None:
@@ -126,12 +100,11 @@ def load_config(args, framework: str, custom_data: Optional[Callable[[Config], N
 
 def prepare_training(cfg: Config) -> None:
     """A run's config (``SRViTRunner`` applies it to training and test runs alike) made to
-    survive faults, its mixed precision run on the run's device, and its process group started
-    where mmengine cannot: the checkpoint hook made ``SRViTCheckpointHook`` (written whole or not
-    at all), ``AmpOptimWrapper`` made ``DeviceAmpOptimWrapper`` (``prepare_optim_wrapper``),
-    ``DivergenceCheckHook`` added where a config (a user's own) lacks it, the collective timeout
-    ``faults.COLLECTIVE_TIMEOUT_S`` where ``env_cfg.dist_cfg`` sets none, and
-    ``init_cpu_distributed``."""
+    survive faults, and its process group started where mmengine cannot: the checkpoint hook
+    made ``SRViTCheckpointHook`` (written whole or not at all), the fp32 ``OptimWrapper``'s
+    mixed-precision keys dropped (``prepare_optim_wrapper``), ``DivergenceCheckHook`` added where a
+    config (a user's own) lacks it, the collective timeout ``faults.COLLECTIVE_TIMEOUT_S`` where
+    ``env_cfg.dist_cfg`` sets none, and ``init_cpu_distributed``."""
     checkpoint = (cfg.get("default_hooks") or {}).get("checkpoint")
     if checkpoint and checkpoint.get("type") == "CheckpointHook":
         checkpoint["type"] = "SRViTCheckpointHook"
@@ -146,67 +119,20 @@ def prepare_training(cfg: Config) -> None:
 
 
 def prepare_optim_wrapper(cfg: Config) -> None:
-    """mmengine's ``AmpOptimWrapper`` (by any name: ``'mmdet.AmpOptimWrapper'``, the class; not a
-    config's own subclass) made ``DeviceAmpOptimWrapper`` where that runs (``runs_device_amp``:
-    mmengine's on CUDA, and on a CPU by the package's mixed-precision rule), given
-    - ``use_fsdp=True`` (a ``ShardedGradScaler``, whose ranks agree on a skipped step) where the
-      model is sharded (``shards_with_fsdp``), unless the config sets it: mmengine's
-      ``FSDPStrategy`` sets it only on a wrapper named ``AmpOptimWrapper``, and its ``Runner`` with
-      ``MMFullyShardedDataParallel`` not at all (its ranks could disagree on skipping a step);
-    - ``cpu_refusal``, where the model's framework says it cannot train so on a CPU
-      (``cpu_mixed_precision_refusal``): the wrapper refuses it there when a training run builds it.
-    mmengine's plain ``OptimWrapper`` (fp32, the fix the messages name: ``--cfg-options
-    optim_wrapper.type=OptimWrapper``, which cannot delete keys) drops the keys only mixed
+    """mmengine's plain ``OptimWrapper`` (fp32, the fix the messages name: ``--cfg-options
+    optim_wrapper.type=OptimWrapper``, which cannot delete keys) made to drop the keys only mixed
     precision takes, with a warning naming them, where it would fail on them (``unexpected
     keyword argument``)."""
     optim_wrapper = cfg.get("optim_wrapper")
-    if not optim_wrapper:
+    if not optim_wrapper or optim_wrapper_class(optim_wrapper) is not OptimWrapper:
         return
-    kind = optim_wrapper_class(optim_wrapper)
-    if kind is AmpOptimWrapper and runs_device_amp(optim_wrapper):  # mmengine's by any name, not a subclass
-        optim_wrapper["type"] = "DeviceAmpOptimWrapper"
-        kind = DeviceAmpOptimWrapper
-    if kind is DeviceAmpOptimWrapper:
-        if shards_with_fsdp(cfg):
-            optim_wrapper.setdefault("use_fsdp", True)
-        refused = cpu_mixed_precision_refusal(cfg)
-        if refused:  # the wrapper refuses it on a CPU when it is built (training runs only)
-            optim_wrapper.setdefault("cpu_refusal", refused)
-    if kind is OptimWrapper:
-        dropped = [key for key in AMP_ONLY_KEYS if key in optim_wrapper]
-        for key in dropped:
-            optim_wrapper.pop(key)
-        if dropped:
-            print_log(f"optim_wrapper.type={optim_wrapper['type']!r} trains in fp32: the mixed-precision keys "
-                      f"{', '.join(f'optim_wrapper.{key}' for key in dropped)} are dropped", logger="current",
-                      level=logging.WARNING)
-
-
-def shards_with_fsdp(cfg: Config) -> bool:
-    """Whether the run shards its model with FSDP: a ``FlexibleRunner``'s ``strategy`` that is
-    mmengine's ``FSDPStrategy`` (by name, class or object; a subclass too), or a ``Runner``'s
-    ``model_wrapper_cfg`` that is torch's ``FullyShardedDataParallel`` (mmengine's
-    ``MMFullyShardedDataParallel``)."""
-    strategy, wrapper = cfg.get("strategy"), cfg.get("model_wrapper_cfg")
-    if not strategy and not wrapper:
-        return False
-    try:
-        from mmengine._strategy import FSDPStrategy
-        from torch.distributed.fsdp import FullyShardedDataParallel
-    except ImportError:  # a torch (or mmengine) without FSDP shards nothing
-        return False
-    from mmengine.registry import MODEL_WRAPPERS, STRATEGIES
-
-    return isinstance(strategy, FSDPStrategy) or _names_a_subclass(strategy, STRATEGIES, FSDPStrategy) or \
-        _names_a_subclass(wrapper, MODEL_WRAPPERS, FullyShardedDataParallel)
-
-
-def _names_a_subclass(node, registry, base) -> bool:
-    """Whether a config node, ``dict(type=...)``, names ``base`` or a subclass of it (by its name in
-    ``registry`` or the class)."""
-    kind = node.get("type") if isinstance(node, dict) else None
-    kind = registry.get(kind) if isinstance(kind, str) else kind
-    return isinstance(kind, type) and issubclass(kind, base)
+    dropped = [key for key in AMP_ONLY_KEYS if key in optim_wrapper]
+    for key in dropped:
+        optim_wrapper.pop(key)
+    if dropped:
+        print_log(f"optim_wrapper.type={optim_wrapper['type']!r} trains in fp32: the mixed-precision keys "
+                  f"{', '.join(f'optim_wrapper.{key}' for key in dropped)} are dropped", logger="current",
+                  level=logging.WARNING)
 
 
 def init_cpu_distributed(cfg: Config) -> None:
