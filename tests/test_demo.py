@@ -43,16 +43,12 @@ def d2_val_images(d2_run):
 
 def d2_demo(d2_run, **kwargs):
     """The detectron2 quickstart's demo at the run's size, as tools/demo.py builds it."""
-    from srvit_backbones.detectron2.demo import Detectron2Demo
-
     cfg = adapter("detectron2").load_config(D2_QUICKSTART, TEST_SIZE)
-    return Detectron2Demo(cfg, str(d2_run / "out" / "model_final.pth"), **kwargs)
+    return adapter("detectron2").build_demo(cfg, str(d2_run / "out" / "model_final.pth"), **kwargs)
 
 
 def seg_demo(checkpoint, **kwargs):
-    from srvit_backbones.mmseg.demo import MMSegDemo
-
-    return MMSegDemo(adapter("mmseg").load_config(SEG_QUICKSTART), str(checkpoint), **kwargs)
+    return adapter("mmseg").build_demo(adapter("mmseg").load_config(SEG_QUICKSTART), str(checkpoint), **kwargs)
 
 
 def test_detectron2_demo_draws_and_saves_coco_results(d2_run, tmp_path):

@@ -22,7 +22,7 @@ class Detectron2Adapter(FrameworkAdapter):
     def build_demo(self, cfg, checkpoint, device="cpu", amp=False, score_threshold=0.5, opacity=0.5):
         from .demo import Detectron2Demo
 
-        return Detectron2Demo(cfg, checkpoint, device, amp, score_threshold)
+        return Detectron2Demo(cfg, checkpoint, device, amp, score_threshold, self.checkpoint_hint)
 
     def count_flops(self, path, counted, plain=False):
         from .flops import count_detector
@@ -30,7 +30,7 @@ class Detectron2Adapter(FrameworkAdapter):
         return count_detector(path, counted, plain)
 
     def check_data(self, path, args):
-        from .custom_data import check_config_data
+        from .validate import check_config_data
 
         check_config_data(path, args.opts, args.coco_train, args.coco_val)
 

@@ -8,25 +8,8 @@ from typing import List, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 
-from ..data_check import CocoSplit, coco_categories, run_check
+from ..data_check import CocoSplit, coco_categories
 from ..errors import ConfigError
-
-
-def check_config_data(config_file, opts=(), coco_train=None, coco_val=None) -> None:
-    """tools/check_data.py's check of a LazyConfig (and the one tools/train_net.py runs first):
-    the config loaded as train_net loads it, its class counts against its datasets, then every
-    file of its datasets; a ``ConfigError`` (the config against its data) or ``DataCheckError``
-    (the files) naming the problem and the fix."""
-    from .training import load_config
-    from .validate import validate_lvis_data
-
-    try:
-        cfg = load_config(config_file, opts, coco_train, coco_val)
-        validate_lvis_data(cfg)
-        check_num_classes(cfg)
-    except (FileNotFoundError, ValueError) as e:
-        raise ConfigError(f"config error: {e}") from None
-    run_check(data_splits(cfg), "--skip-data-check")
 
 
 def register_coco_split(name: str, json_file: str, image_root: str) -> str:

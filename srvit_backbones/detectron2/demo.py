@@ -2,7 +2,6 @@
 for LazyConfigs (``srvit_backbones.detectron2.predictor``; detectron2's demo/demo.py reads only
 yacs configs) and ``Visualizer``, with the test dataset's metadata (class names, category ids)."""
 from ..demo import DetectionDemo, read_weights, refused_unless_it_fits
-from .adapter import Detectron2Adapter
 from .predictor import LazyConfigPredictor
 
 
@@ -18,10 +17,11 @@ class Detectron2Demo(DetectionDemo):
         cfg: a LazyConfig (``Detectron2Adapter.load_config``); its box predictors' test score
             threshold (a cascade's three) is set to ``score_threshold``, what the detector returns at all.
         checkpoint: tools/train_net.py's model_final.pth, refused unless it fits the model entirely.
-        device, amp: where the model runs, and in mixed precision (``srvit_backbones.amp``)."""
+        device, amp: where the model runs, and in mixed precision (``srvit_backbones.amp``).
+        hint: the fix a refused checkpoint's error names (the adapter's ``checkpoint_hint``)."""
 
-    def __init__(self, cfg, checkpoint: str, device: str = "cpu", amp: bool = False, score_threshold: float = 0.5):
-        hint = Detectron2Adapter.checkpoint_hint
+    def __init__(self, cfg, checkpoint: str, device: str = "cpu", amp: bool = False, score_threshold: float = 0.5,
+                 hint: str = ""):
         set_score_threshold(cfg, score_threshold)
         _, weights = read_weights(checkpoint, "model", "detectron2", hint)
         with refused_unless_it_fits(hint):

@@ -16,9 +16,8 @@ from detectron2.utils import comm
 from ..config_files import resolve_config
 from ..data_check import add_coco_arguments, add_skip_argument
 from ..errors import CheckpointError, ConfigError
-from . import custom_data, faults, training
+from . import custom_data, faults, training, validate
 from .checkpoint import SRViTCheckpointer
-from .validate import validate_config
 
 logger = logging.getLogger("srvit.train_net")
 
@@ -40,7 +39,7 @@ def check_config(cfg):
     """Fail early, with the fix, on settings that would fail deep inside detectron2: a
     ``ConfigError``, or a ``CheckpointError`` for a ``train.init_checkpoint`` that does not exist."""
     try:
-        validate_config(cfg)
+        validate.validate_config(cfg)
     except ValueError as e:
         raise ConfigError(f"config error: {e}") from None
     ckpt = cfg.train.init_checkpoint
@@ -123,7 +122,7 @@ def load_config(args):
 def check_data(args):
     """The data check of tools/check_data.py, once, before the processes start."""
     if not args.skip_data_check:
-        custom_data.check_config_data(args.config_file, args.opts, args.coco_train, args.coco_val)
+        validate.check_config_data(args.config_file, args.opts, args.coco_train, args.coco_val)
 
 
 def main(args):

@@ -2,8 +2,10 @@
 handle silently (a square pad smaller than the images crops them)."""
 import torch
 
-from .custom_data import check_num_classes
-from .training import trainer_class
+from ..data_check import run_check
+from ..errors import ConfigError
+from .custom_data import check_num_classes, data_splits
+from .training import load_config, trainer_class
 
 
 def _max_image_side(augmentations):
@@ -79,3 +81,17 @@ def validate_lvis_data(cfg):
                                  f"(detectron2.data.datasets.register_lvis_instances)")
             check_lvis_annotations(json_file, f"dataloader.{split}.dataset.names={name!r}: its file")
     return cfg
+
+
+def check_config_data(config_file, opts=(), coco_train=None, coco_val=None) -> None:
+    """tools/check_data.py's check of a LazyConfig (and the one tools/train_net.py runs first):
+    the config loaded as train_net loads it, its class counts against its datasets, then every
+    file of its datasets; a ``ConfigError`` (the config against its data) or ``DataCheckError``
+    (the files) naming the problem and the fix."""
+    try:
+        cfg = load_config(config_file, opts, coco_train, coco_val)
+        validate_lvis_data(cfg)
+        check_num_classes(cfg)
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(f"config error: {e}") from None
+    run_check(data_splits(cfg), "--skip-data-check")

@@ -14,7 +14,7 @@ class MMDetAdapter(OpenMMLabAdapter):
     def build_demo(self, cfg, checkpoint, device="cpu", amp=False, score_threshold=0.5, opacity=0.5):
         from .demo import MMDetDemo
 
-        return MMDetDemo(cfg, checkpoint, device, amp, score_threshold)
+        return MMDetDemo(cfg, checkpoint, device, amp, score_threshold, self.checkpoint_hint)
 
     def count_flops(self, path, counted, plain=False):
         from .flops import count_detector

@@ -7,7 +7,6 @@ import os
 import numpy as np
 
 from ..demo import DetectionDemo
-from .adapter import MMDetAdapter
 from .inference import SRViTDetInferencer
 
 
@@ -16,12 +15,14 @@ class MMDetDemo(DetectionDemo):
         cfg: an mmdet config (``MMDetAdapter.load_config``); an R-CNN's test ``score_thr`` is set
             to ``score_threshold``, what the detector returns at all.
         checkpoint: tools/train_det.py's iter_N.pth, refused unless it fits the model entirely.
-        device, amp: where the model runs, and in mixed precision (``srvit_backbones.amp``)."""
+        device, amp: where the model runs, and in mixed precision (``srvit_backbones.amp``).
+        hint: the fix a refused checkpoint's error names (the adapter's ``checkpoint_hint``)."""
 
-    def __init__(self, cfg, checkpoint: str, device: str = "cpu", amp: bool = False, score_threshold: float = 0.5):
+    def __init__(self, cfg, checkpoint: str, device: str = "cpu", amp: bool = False, score_threshold: float = 0.5,
+                 hint: str = ""):
         if (cfg.model.get("test_cfg") or {}).get("rcnn") is not None:
             cfg.model.test_cfg.rcnn.score_thr = score_threshold  # what the detector returns at all
-        self.inferencer = SRViTDetInferencer.from_file(cfg, checkpoint, device, amp, MMDetAdapter.checkpoint_hint)
+        self.inferencer = SRViTDetInferencer.from_file(cfg, checkpoint, device, amp, hint)
         self.category_ids = self._category_ids(cfg, self.inferencer.model.dataset_meta["classes"])
         self.score_threshold = score_threshold
 

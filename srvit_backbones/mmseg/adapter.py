@@ -13,7 +13,7 @@ class MMSegAdapter(OpenMMLabAdapter):
     def build_demo(self, cfg, checkpoint, device="cpu", amp=False, score_threshold=0.5, opacity=0.5):
         from .demo import MMSegDemo
 
-        return MMSegDemo(cfg, checkpoint, device, amp, opacity)
+        return MMSegDemo(cfg, checkpoint, device, amp, opacity, self.checkpoint_hint)
 
     def count_flops(self, path, counted, plain=False):
         from .flops import count_segmentor

@@ -2,7 +2,6 @@
 (``srvit_backbones.mmseg.inference``), which draws with ``SegLocalVisualizer``; its raw output is
 the class index of every pixel."""
 from ..demo import Demo
-from .adapter import MMSegAdapter
 from .inference import SRViTSegInferencer
 
 
@@ -11,12 +10,14 @@ class MMSegDemo(Demo):
         cfg: an mmseg config (``MMSegAdapter.load_config``).
         checkpoint: tools/train_seg.py's iter_N.pth, refused unless it fits the model entirely.
         device, amp: where the model runs, and in mixed precision (``srvit_backbones.amp``).
+        hint: the fix a refused checkpoint's error names (the adapter's ``checkpoint_hint``).
         opacity: of the drawn class colours."""
 
     raw_output = "label_maps"
 
-    def __init__(self, cfg, checkpoint: str, device: str = "cpu", amp: bool = False, opacity: float = 0.5):
-        self.inferencer = SRViTSegInferencer.from_file(cfg, checkpoint, device, amp, MMSegAdapter.checkpoint_hint)
+    def __init__(self, cfg, checkpoint: str, device: str = "cpu", amp: bool = False, opacity: float = 0.5,
+                 hint: str = ""):
+        self.inferencer = SRViTSegInferencer.from_file(cfg, checkpoint, device, amp, hint)
         self.opacity = opacity
 
     def predict(self, path):
