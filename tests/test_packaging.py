@@ -130,3 +130,31 @@ def test_tools_find_frameworks_through_the_table():
                 keys = {k.value for k, v in zip(node.keys, node.values)
                         if isinstance(k, ast.Constant) and isinstance(v, (ast.Name, ast.Attribute, ast.Lambda))}
                 assert len(keys & names) < 2, f"tools/{tool}:{node.lineno} dispatches on the frameworks' names"
+
+
+#: the frameworks whose private methods the package may not override
+FRAMEWORKS = ("detectron2", "fvcore", "iopath", "mmengine", "mmcv", "mmdet", "mmseg", "torch", "timm")
+#: the private methods a framework has its subclasses override (its own subclasses do)
+OVERRIDABLE = {"_load_file", "_load_model",  # fvcore's Checkpointer (detectron2's DetectionCheckpointer)
+               "_bbox_forward", "_mask_forward", "_refine_roi"}  # mmdet's RoI heads (its cascade heads)
+
+
+def test_no_private_method_of_a_framework_is_overridden():
+    """No class of the package overrides a framework's private (underscore) method, its internals
+    that change with its releases, but those of OVERRIDABLE: every module imported, each class's
+    own methods checked against its bases from the frameworks."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import srvit_backbones
+
+    modules = [importlib.import_module(m.name)
+               for m in pkgutil.walk_packages(srvit_backbones.__path__, "srvit_backbones.")]
+    overrides = sorted(
+        f"{cls.__module__}.{cls.__qualname__}.{name} overrides {base.__module__}.{base.__qualname__}'s"
+        for module in modules for cls in vars(module).values()
+        if inspect.isclass(cls) and cls.__module__ == module.__name__
+        for name in vars(cls) if name.startswith("_") and not name.endswith("__") and name not in OVERRIDABLE
+        for base in cls.__mro__[1:] if base.__module__.split(".")[0] in FRAMEWORKS and name in vars(base))
+    assert overrides == []
