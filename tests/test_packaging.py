@@ -134,15 +134,17 @@ def test_tools_find_frameworks_through_the_table():
 
 #: the frameworks whose private methods the package may not override
 FRAMEWORKS = ("detectron2", "fvcore", "iopath", "mmengine", "mmcv", "mmdet", "mmseg", "torch", "timm")
-#: the private methods a framework has its subclasses override (its own subclasses do)
+#: the private methods a framework documents for its subclasses to override, or overrides in its own subclasses
 OVERRIDABLE = {"_load_file", "_load_model",  # fvcore's Checkpointer (detectron2's DetectionCheckpointer)
-               "_bbox_forward", "_mask_forward", "_refine_roi"}  # mmdet's RoI heads (its cascade heads)
+               "_bbox_forward", "_mask_forward", "_refine_roi",  # mmdet's RoI heads (its cascade heads)
+               "_load_weights_to_model"}  # mmengine's BaseInferencer documents it (mmdet's, mmseg's inferencers)
 
 
 def test_no_private_method_of_a_framework_is_overridden():
     """No class of the package overrides a framework's private (underscore) method, its internals
-    that change with its releases, but those of OVERRIDABLE: every module imported, each class's
-    own methods checked against its bases from the frameworks."""
+    that change with its releases, but those of OVERRIDABLE: every module imported, the methods of
+    each class of the package (a mixin's too) checked against the framework classes after it in the
+    method resolution order of every class of the package."""
     import importlib
     import inspect
     import pkgutil
@@ -151,10 +153,11 @@ def test_no_private_method_of_a_framework_is_overridden():
 
     modules = [importlib.import_module(m.name)
                for m in pkgutil.walk_packages(srvit_backbones.__path__, "srvit_backbones.")]
-    overrides = sorted(
-        f"{cls.__module__}.{cls.__qualname__}.{name} overrides {base.__module__}.{base.__qualname__}'s"
-        for module in modules for cls in vars(module).values()
-        if inspect.isclass(cls) and cls.__module__ == module.__name__
-        for name in vars(cls) if name.startswith("_") and not name.endswith("__") and name not in OVERRIDABLE
-        for base in cls.__mro__[1:] if base.__module__.split(".")[0] in FRAMEWORKS and name in vars(base))
+    classes = {cls for module in modules for cls in vars(module).values()
+               if inspect.isclass(cls) and cls.__module__ == module.__name__}
+    overrides = sorted({
+        f"{own.__module__}.{own.__qualname__}.{name} overrides {base.__module__}.{base.__qualname__}'s"
+        for cls in classes for i, own in enumerate(cls.__mro__) if own.__module__.split(".")[0] == "srvit_backbones"
+        for name in vars(own) if name.startswith("_") and not name.endswith("__") and name not in OVERRIDABLE
+        for base in cls.__mro__[i + 1:] if base.__module__.split(".")[0] in FRAMEWORKS and name in vars(base)})
     assert overrides == []
