@@ -52,19 +52,21 @@ class AtomicLocalBackend(LocalBackend):
     """mmengine's local file backend for checkpoints: ``put`` (how ``Runner.save_checkpoint``
     writes) goes to ``FILE.tmp``, renamed over ``FILE`` once complete (``faults.atomic_open``), so a
     process killed mid-write, or a full disk, leaves no truncated checkpoint for ``--resume`` to
-    find, and a failed write is an error naming the file and the cause; ``written``: the last file
-    written. While ``held`` is a list, ``remove`` / ``rmtree`` add their path to it instead
-    (``SRViTCheckpointHook`` removes them once the checkpoint that outdates them is complete)."""
+    find, and a failed write is an error naming the file and the cause.
+
+    While ``AtomicLocalBackend.held`` is a list (``SRViTCheckpointHook.removals_held``; class-wide,
+    as mmengine makes a backend for each use), ``remove`` / ``rmtree`` add their path to it instead
+    of removing it, ``put`` takes a path it writes again out of it, and ``written`` is the last."""
 
     held = written = None
 
     def put(self, obj: bytes, filepath) -> None:
-        if self.held:  # removed, then written again (a best checkpoint saved twice at one step)
-            self.held = [path for path in self.held if path != filepath]
         mkdir_or_exist(os.path.dirname(str(filepath)))
         with atomic_open(str(filepath)) as f:
             f.write(obj)
-        self.written = filepath
+        if AtomicLocalBackend.held is not None:  # removed, then written again: a best saved twice at one step
+            AtomicLocalBackend.held = [path for path in AtomicLocalBackend.held if path != filepath]
+            AtomicLocalBackend.written = filepath
 
     def remove(self, filepath) -> None:
         self.held.append(filepath) if self.held is not None else super().remove(filepath)
@@ -74,7 +76,7 @@ class AtomicLocalBackend(LocalBackend):
 
     def remove_held(self) -> None:
         """Remove the files and folders (DeepSpeed's checkpoints) held, and hold no more."""
-        held, self.held = self.held or [], None
+        held, AtomicLocalBackend.held = self.held or [], None
         for path in held:
             self.rmtree(path) if self.isdir(path) else self.remove(path)
 
@@ -128,11 +130,11 @@ class SRViTCheckpointHook(CheckpointHook):
         if not isinstance(backend, AtomicLocalBackend):  # another storage: mmengine's as it is
             yield
             return
-        backend.held, backend.written = [], None
+        AtomicLocalBackend.held, AtomicLocalBackend.written = [], None
         try:
             yield
         except BaseException:
-            if backend.written is not None and backend.written == self.last_ckpt:
+            if AtomicLocalBackend.written is not None and AtomicLocalBackend.written == self.last_ckpt:
                 backend.remove_held()
                 with atomic_open(os.path.join(runner.work_dir, "last_checkpoint"), "w") as f:
                     f.write(self.last_ckpt)
@@ -140,7 +142,7 @@ class SRViTCheckpointHook(CheckpointHook):
         else:
             backend.remove_held()
         finally:
-            backend.held = None
+            AtomicLocalBackend.held = AtomicLocalBackend.written = None
 
     def before_save_checkpoint(self, runner, checkpoint) -> None:
         """Non-finite weights are not saved: ``faults.Diverged`` instead, naming the checkpoint
