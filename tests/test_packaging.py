@@ -144,7 +144,7 @@ def test_no_private_method_of_a_framework_is_overridden():
     """No class of the package overrides a framework's private (underscore) method, its internals
     that change with its releases, but those of OVERRIDABLE: every module imported, the methods of
     each class of the package (a mixin's too) checked against the framework classes after it in the
-    method resolution order of every class of the package."""
+    method resolution order of every class of the package (attributes that metaclasses set aside)."""
     import importlib
     import inspect
     import pkgutil
@@ -158,6 +158,8 @@ def test_no_private_method_of_a_framework_is_overridden():
     overrides = sorted({
         f"{own.__module__}.{own.__qualname__}.{name} overrides {base.__module__}.{base.__qualname__}'s"
         for cls in classes for i, own in enumerate(cls.__mro__) if own.__module__.split(".")[0] == "srvit_backbones"
-        for name in vars(own) if name.startswith("_") and not name.endswith("__") and name not in OVERRIDABLE
+        for name, value in vars(own).items() if name.startswith("_") and not name.endswith("__")
+        and name not in OVERRIDABLE and (inspect.isfunction(value) or isinstance(value, (staticmethod, classmethod,
+                                                                                         property)))
         for base in cls.__mro__[i + 1:] if base.__module__.split(".")[0] in FRAMEWORKS and name in vars(base)})
     assert overrides == []
