@@ -318,23 +318,32 @@ def test_mmseg_own_train_test_and_resume(seg_root, trained, monkeypatch):
 def test_a_diverged_run_stops_at_once_naming_the_last_checkpoint(seg_root, tmp_path, monkeypatch):
     """A real divergence (lr 1e6, mmengine would log loss: nan to the end and exit 0): the
     DivergenceCheckHook stops it within a few iterations, naming the iteration, the last
-    checkpoint (finite: non-finite weights are never saved) and what to try."""
+    checkpoint (finite: non-finite weights are never saved, as a save of them then shows) and what
+    to try."""
     monkeypatch.chdir(seg_root)
     work = tmp_path / "work"
     runner = load_tool("train_seg").build_runner([QUICKSTART, "--work-dir", str(work), "--cfg-options", *SMALL,
                                                   "train_cfg.max_iters=8", "default_hooks.checkpoint.interval=1",
                                                   "optim_wrapper.optimizer.lr=1e6"])
     assert_mmengine_run_stops_diverged(runner, work)
+    # weights gone non-finite while the loss was finite (its check fires an iteration later) are not saved
+    with torch.no_grad():
+        next(runner.model.parameters()).fill_(float("nan"))
+    with pytest.raises(FloatingPointError, match="weights became non-finite"):
+        runner.save_checkpoint(str(work), "iter_nan.pth")
+    assert not (work / "iter_nan.pth").exists()
 
 
 def resumed_from_iter_24(seg_root, trained, tmp_path, monkeypatch, *options):
-    """A work dir holding ``trained``'s iter_24.pth, named by last_checkpoint, and the Runner of
-    tools/train_seg.py that resumes from it to iteration 26 with max_keep_ckpts=1 (mmengine
-    removes the kept iter_24.pth before writing iter_26.pth) and ``options``: (work dir, the
-    bytes of iter_24.pth, runner)."""
+    """A work dir holding ``trained``'s iter_24.pth, named by last_checkpoint and recording itself
+    as kept, and the Runner of tools/train_seg.py that resumes from it to iteration 26 with
+    max_keep_ckpts=1 (mmengine removes the kept iter_24.pth before writing iter_26.pth) and
+    ``options``: (work dir, the bytes of iter_24.pth, runner)."""
     work = tmp_path / "work"
     work.mkdir()
-    shutil.copy(os.path.join(trained[0], "iter_24.pth"), work)
+    ckpt = torch.load(os.path.join(trained[0], "iter_24.pth"), map_location="cpu", weights_only=False)
+    ckpt["message_hub"]["runtime_info"]["keep_ckpt_ids"] = [24]  # as a run with max_keep_ckpts=1 records it
+    torch.save(ckpt, work / "iter_24.pth")
     (work / "last_checkpoint").write_text(str(work / "iter_24.pth"))
     monkeypatch.chdir(seg_root)
     runner = load_tool("train_seg").build_runner([QUICKSTART, "--work-dir", str(work), "--resume", "--cfg-options",
@@ -429,6 +438,9 @@ def test_a_best_or_published_checkpoint_cut_short_keeps_the_previous_best(seg_ro
     assert not previous_best.exists() and new_best.exists() and (work / "last_checkpoint").read_text() == str(periodic)
     recorded = torch.load(periodic, map_location="cpu", weights_only=False)["message_hub"]["runtime_info"]
     assert (recorded["best_ckpt"], recorded["best_score"]) == (str(new_best), 50.0)
+    hook.after_val_epoch(runner, {"mIoU": 60.0})  # better again at the same step: removed, then written again
+    assert torch.load(new_best, map_location="cpu", weights_only=False)["message_hub"]["runtime_info"][
+        "best_score"] == 60.0
 
     # after_train publishes the last checkpoint (save_last) and the best
     with file_size_limit(weights // 2), pytest.raises(OSError, match="File too large"):
