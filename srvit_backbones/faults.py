@@ -46,8 +46,14 @@ def atomic_open(path: str, mode: str = "wb"):
     """``open(path, mode)`` for writing, whole or not at all: the block writes ``PATH.tmp``, which
     its end flushes to disk and renames over ``path``, so a process killed or a disk that fills
     mid-write leaves the earlier file (and every other checkpoint) as it was, never a truncated
-    ``path``. A failed write removes the temporary file and raises CheckpointWriteError naming
-    ``path`` and the cause."""
+    ``path``.
+
+    Args:
+        path: the file to write.
+        mode: ``open``'s writing mode ("wb", "w").
+    Raises:
+        CheckpointWriteError: a write failed (naming ``path`` and the cause); the temporary file is removed.
+    """
     tmp = f"{path}.tmp"
     try:
         with open(tmp, mode) as f:

@@ -165,7 +165,7 @@ class SRViTCheckpointHook(CheckpointHook):
 
 
 def last_checkpoint(runner):
-    """The checkpoint ``runner``'s ``last_checkpoint`` pointer names (written once it is complete), or None."""
+    """Returns the checkpoint ``runner``'s ``last_checkpoint`` pointer names (written once it is complete), or None."""
     pointer = os.path.join(runner.work_dir, "last_checkpoint")
     return Path(pointer).read_text() if os.path.isfile(pointer) else None
 
