@@ -8,7 +8,7 @@ framework's own hooks; docs/faults.md has what each fault looks like and the mea
 import contextlib
 import datetime
 import os
-from typing import Callable, Iterable, List, Optional
+from typing import Iterable, List, Optional
 
 import torch
 
@@ -45,25 +45,35 @@ class CheckpointWriteError(SRViTError, OSError):
     OSError, as the write's own error)."""
 
 
-def atomic_write(path: str, write: Callable[[object], None]) -> None:
-    """Write ``path`` through ``write(file object)`` into ``PATH.tmp``, flushed to disk, then
-    renamed over ``path``: a process killed or a disk that fills mid-write leaves the earlier
-    file (and every other checkpoint) as it was, never a truncated ``path``. A failed write
-    removes its temporary file and raises CheckpointWriteError naming ``path`` and the cause."""
+@contextlib.contextmanager
+def atomic_open(path: str, mode: str = "wb"):
+    """``open(path, mode)`` for writing, whole or not at all: the block writes ``PATH.tmp``, which
+    its end flushes to disk and renames over ``path``, so a process killed or a disk that fills
+    mid-write leaves the earlier file (and every other checkpoint) as it was, never a truncated
+    ``path``.
+
+    Args:
+        path: the file to write.
+        mode: ``open``'s writing mode ("wb", "w").
+    Raises:
+        CheckpointWriteError: a write failed (naming ``path`` and the cause); the temporary file is removed.
+    """
     tmp = f"{path}.tmp"
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, mode) as f:
             recorder = _ErrorRecordingFile(f)
             try:
-                write(recorder)
+                yield recorder
             except RuntimeError as e:  # torch.save's writer reports a failed write as "unexpected pos"
                 raise recorder.error or e
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except (OSError, RuntimeError) as e:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
+        if not isinstance(e, (OSError, RuntimeError)):
+            raise
         cause = f"{e.strerror} (errno {e.errno})" if isinstance(e, OSError) and e.strerror else str(e)
         raise CheckpointWriteError(
             getattr(e, "errno", None) or 0,
@@ -89,13 +99,9 @@ class _ErrorRecordingFile:
 
 
 def atomic_torch_save(obj, path: str) -> None:
-    """``torch.save(obj, path)`` through ``atomic_write``."""
-    atomic_write(path, lambda f: torch.save(obj, f))
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    """A small text file (a ``last_checkpoint`` pointer) written through ``atomic_write``."""
-    atomic_write(path, lambda f: f.write(text.encode()))
+    """``torch.save(obj, path)`` through ``atomic_open``."""
+    with atomic_open(path) as f:
+        torch.save(obj, f)
 
 
 def divergence_message(what: str, iteration: int, last_checkpoint: Optional[str], resume: str,

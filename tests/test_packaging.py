@@ -252,3 +252,36 @@ def test_importing_the_package_changes_no_other_library():
     changes = json.loads(out.stdout.splitlines()[-1])
     assert [c for c in changes if not any(re.match(p, c) for p in REGISTRIES)] == []
     assert any(c.startswith("timm.models._registry: _model_entrypoints['srvit_s_t3']") for c in changes)
+
+
+#: the frameworks whose private methods the package may not override
+FRAMEWORKS = ("detectron2", "fvcore", "iopath", "mmengine", "mmcv", "mmdet", "mmseg", "torch", "timm")
+#: the private methods a framework documents for its subclasses to override, or overrides in its own subclasses
+OVERRIDABLE = {"_load_file", "_load_model",  # fvcore's Checkpointer (detectron2's DetectionCheckpointer)
+               "_bbox_forward", "_mask_forward", "_refine_roi",  # mmdet's RoI heads (its cascade heads)
+               "_load_weights_to_model"}  # mmengine's BaseInferencer documents it (mmdet's, mmseg's inferencers)
+
+
+def test_no_private_method_of_a_framework_is_overridden():
+    """No class of the package overrides a framework's private (underscore) method, its internals
+    that change with its releases, but those of OVERRIDABLE: every module imported, the methods of
+    each class of the package (a mixin's too) checked against the framework classes after it in the
+    method resolution order of every class of the package (attributes that metaclasses set aside)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import srvit_backbones
+
+    modules = [importlib.import_module(m.name)
+               for m in pkgutil.walk_packages(srvit_backbones.__path__, "srvit_backbones.")]
+    classes = {cls for module in modules for cls in vars(module).values()
+               if inspect.isclass(cls) and cls.__module__ == module.__name__}
+    overrides = sorted({
+        f"{own.__module__}.{own.__qualname__}.{name} overrides {base.__module__}.{base.__qualname__}'s"
+        for cls in classes for i, own in enumerate(cls.__mro__) if own.__module__.split(".")[0] == "srvit_backbones"
+        for name, value in vars(own).items() if name.startswith("_") and not name.endswith("__")
+        and name not in OVERRIDABLE and (inspect.isfunction(value) or isinstance(value, (staticmethod, classmethod,
+                                                                                         property)))
+        for base in cls.__mro__[i + 1:] if base.__module__.split(".")[0] in FRAMEWORKS and name in vars(base)})
+    assert overrides == []

@@ -9,12 +9,11 @@ and a tensor of another shape is refused, except the class-dependent layers of a
 trained on other classes, which start from their initialisation (fine-tuning a COCO detector
 into a 3-class one) and are listed in the log.
 
-Checkpoints are written whole or not at all: fvcore writes ``model_XXXXXXX.pth`` and
-``model_final.pth`` in place, so a process killed mid-write, or a full disk, leaves a truncated
-file (a truncated ``model_final.pth`` of an earlier run, rewritten at the end of a resumed one,
-loses that run's weights); here each goes to a temporary file renamed once complete.
+Checkpoints and ``last_checkpoint`` are written whole or not at all (``AtomicWrites``): fvcore
+writes them in place, so a process killed mid-write, or a full disk, leaves a truncated file (a
+truncated ``model_final.pth`` of an earlier run, rewritten at the end of a resumed one, loses that
+run's weights).
 """
-import os
 import re
 
 from detectron2.checkpoint import DetectionCheckpointer
@@ -22,7 +21,7 @@ from detectron2.checkpoint.c2_model_loading import align_and_update_state_dicts
 
 from ..checkpoint import (LoadReport, convert_state_dict, extract_state_dict, load_pretrained, read_checkpoint,
                           require_fine_tune_fit)
-from ..faults import atomic_torch_save, atomic_write_text, refuse_non_finite_weights
+from ..faults import atomic_open, refuse_non_finite_weights
 from .backbone import SRViTBackbone
 from .faults import FIXES, last_checkpoint
 
@@ -32,6 +31,24 @@ CLASS_DEPENDENT = re.compile(r"^roi_heads\.(box_predictor(\.\d+)?\.(cls_score|bb
                              r"\.(weight|bias)$")
 
 _DETECTOR_PREFIXES = ("backbone.", "proposal_generator.", "roi_heads.", "pixel_")
+
+
+class AtomicWrites:
+    """fvcore's ``Checkpointer.path_manager`` (``path_manager``'s functions) with the local files it
+    opens for writing (checkpoints, ``last_checkpoint``) written whole or not at all
+    (``faults.atomic_open``): fvcore writes them in place. Files behind another storage
+    (``manifold://``...) are ``path_manager``'s."""
+
+    def __init__(self, path_manager):
+        self.path_manager = path_manager
+
+    def open(self, path: str, mode: str = "r", **kwargs):
+        if "w" in mode and "://" not in path:
+            return atomic_open(path, mode)
+        return self.path_manager.open(path, mode, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.path_manager, name)
 
 
 def is_core_checkpoint(obj) -> bool:
@@ -54,27 +71,16 @@ class SRViTCheckpointer(DetectionCheckpointer):
     the model with that backbone's ``prefer_ema`` and ``allow_partial`` settings (config keys
     ``model.backbone.net.prefer_ema`` / ``.allow_partial``)."""
 
-    def save(self, name: str, **kwargs) -> None:
-        """``Checkpointer.save`` (the same file and contents) through ``faults.atomic_torch_save``:
-        a failed write is a CheckpointWriteError naming the file and the cause, and
-        ``last_checkpoint`` moves to the new file only once it is complete. Non-finite weights
-        are not saved (``faults.refuse_non_finite_weights``): the run stops instead. A save_dir behind
-        another storage (``manifold://``...) is written by fvcore as before."""
-        if not self.save_dir or not self.save_to_disk or "://" in self.save_dir:
-            return super().save(name, **kwargs)
-        data = {"model": self.model.state_dict(),
-                **{key: obj.state_dict() for key, obj in self.checkpointables.items()}, **kwargs}
-        refuse_non_finite_weights(data["model"], kwargs.get("iteration", -1), last_checkpoint(self), "--resume", FIXES)
-        basename = f"{name}.pth"
-        save_file = os.path.join(self.save_dir, basename)
-        self.logger.info("Saving checkpoint to %s", save_file)
-        atomic_torch_save(data, save_file)
-        self.tag_last_checkpoint(basename)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.path_manager = AtomicWrites(self.path_manager)
 
-    def tag_last_checkpoint(self, last_filename_basename: str) -> None:
-        if "://" in self.save_dir:
-            return super().tag_last_checkpoint(last_filename_basename)
-        atomic_write_text(os.path.join(self.save_dir, "last_checkpoint"), last_filename_basename)
+    def save(self, name: str, **kwargs) -> None:
+        """``Checkpointer.save``; non-finite weights are not saved (``faults.refuse_non_finite_weights``):
+        the run stops instead."""
+        refuse_non_finite_weights(self.model.state_dict(), kwargs.get("iteration", -1), last_checkpoint(self),
+                                  "--resume", FIXES)
+        super().save(name, **kwargs)
 
     def _load_file(self, filename):
         if filename.endswith((".pth", ".pt", ".bin")):
