@@ -285,3 +285,48 @@ def test_no_private_method_of_a_framework_is_overridden():
                                                                                          property)))
         for base in cls.__mro__[i + 1:] if base.__module__.split(".")[0] in FRAMEWORKS and name in vars(base)})
     assert overrides == []
+
+
+def _simple_statements(function):
+    """The simple statements (assignments, calls, returns...) of a function's body, nested ones
+    included, each as normalised source; its docstring and bare ``return`` / ``pass`` left out."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        body = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0].body
+    except (OSError, TypeError, SyntaxError):  # a builtin, or source that is not there
+        return []
+    compound = (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.FunctionDef, ast.ClassDef, ast.AsyncWith)
+    return [ast.unparse(node) for stmt in body for node in ast.walk(stmt) if isinstance(node, ast.stmt)
+            and not isinstance(node, compound) and ast.unparse(node) not in ("return", "pass")
+            and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+
+
+def test_no_method_repeats_a_framework_methods_body():
+    """No method of the package that overrides a framework's method repeats its body (four or more
+    of its statements): a copy that the framework's next release silently leaves behind. An
+    override calls the framework's method and adds to it."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import srvit_backbones
+
+    modules = [importlib.import_module(m.name)
+               for m in pkgutil.walk_packages(srvit_backbones.__path__, "srvit_backbones.")]
+    copies = []
+    for module in modules:
+        for cls in [c for c in vars(module).values() if inspect.isclass(c) and c.__module__ == module.__name__]:
+            for name, value in vars(cls).items():
+                bases = [base for base in cls.__mro__[1:] if base.__module__.split(".")[0] in FRAMEWORKS
+                         and name in vars(base)]
+                if not bases or not inspect.isfunction(value):
+                    continue
+                theirs = set(_simple_statements(vars(bases[0])[name]))
+                repeated = [line for line in _simple_statements(value) if line in theirs]
+                if len(repeated) >= 4:
+                    copies.append(f"{cls.__module__}.{cls.__qualname__}.{name} repeats {len(repeated)} statements "
+                                  f"of {bases[0].__module__}.{bases[0].__qualname__}.{name}: {repeated}")
+    assert copies == []
