@@ -1,6 +1,4 @@
-"""Synthetic data for the measurements that read files (the detection and segmentation
-batches are built in memory by the adapters: ``srvit_backbones.detectron2.benchmark``,
-``srvit_backbones.mmseg.benchmark``)."""
+"""Synthetic files for the measurements that read them (the adapters build their batches in memory)."""
 import os
 
 import torch

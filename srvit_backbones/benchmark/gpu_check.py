@@ -1,48 +1,13 @@
-"""The GPU check (``make gpu-check``, tools/gpu_check.py): what a GPU user's run does, in one
-command and one JSON, each figure beside its anchor measured in the same run.
+"""tools/gpu_check.py (``make gpu-check``): what a GPU user's run does, in one command and one
+JSON, each figure beside its anchor measured in the same run (docs/performance.md's table says
+what each check runs and is read against):
+(a) detectron2's Mask R-CNN training step (AMPTrainer) beside ViTDet-B; (b) mmseg's UPerNet step
+(AmpOptimWrapper; skipped where mmseg does not import); (c) a tools/pretrain.py step with --amp;
+(d) inference img/s and MFU against DeiT-S and vit_same_depth; (e) the device branches against the
+CPU; (f) the backbone beside its anchors; (g) compiled against eager (no graph break allowed).
 
-A preset of benchmark runs (``srvit_backbones.benchmark``, tools/benchmark.py's harness) plus
-the checks of the training paths:
-(a) a Mask R-CNN training step of ``mask_rcnn_srvit_s_t3_win.py`` and ``mask_rcnn_srvit_s_t3.py``
-    at --size through detectron2's AMPTrainer (fp16 autocast + GradScaler), built as
-    tools/train_net.py builds them: s/iter and peak memory, each paired with detectron2's own
-    ViTDet ViT-B (``reference/mask_rcnn_vitdet_b.py``) stepped in the same run (the published
-    0.314 s/iter, 10.9 GB on an A100 only where detectron2's model zoo is absent, and the JSON says so);
-(b) an mmseg training step of ``upernet_srvit_s.py`` through its ``AmpOptimWrapper`` (skipped,
-    with the reason, where mmseg or mmcv does not import: the check still passes);
-(c) a pretraining step of tools/pretrain.py with ``--amp`` (fp16 + GradScaler on CUDA);
-(d) the benchmark's inference img/s of SR-ViT-S T=3, DeiT-S and timm's ViT of depth D_eff
-    at --throughput-size (224: the paper's) (paired ratios), next to the paper's 943 and 2614
-    img/s (its GPU), with each model's MFU: achieved FLOP/s (2 x count_flops' multiply-adds at
-    that size x img/s) over the GPU's dense fp16 / bf16 peak (PEAK_TFLOPS; "unknown" for a GPU
-    not in it);
-(e) the device branches against the CPU: the relative-position attention's kernel and block
-    choices of the GPU against the CPU's (fp32, 1e-5), and on a GPU each kernel (``blocked``,
-    ``bias``, also in calls of one map, ``flex``) forced there in fp16 and bf16, and a tiny
-    windowed model's features and gradients there (fp32, fp16 and bf16 autocast), each against
-    the CPU's fp32;
-(f) the benchmark's --backbone (S-T3) at --size, global and windowed, inference and training
-    step, paired with timm's ViT of depth D_eff (vit_same_depth) and detectron2's ViTDet of the
-    same applications (vitdet_same_depth);
-(g) the benchmark's ``--compile both``: --backbone compiled against eager at --throughput-size
-    (batch --throughput-batch) and windowed at --size, inference and training step: the paired
-    compiled / eager time, the first (compiling) step and the compile time apart from the step
-    time, and the graph breaks (0 expected: the check fails otherwise); the training step at
-    --throughput-size (224) is read against the target of >= 1.2x eager on a GPU.
-
-Data are synthetic (images with boxes and masks, label maps, an ImageFolder of noise): the
-check measures the code paths, speed and memory, not accuracy. The frameworks' AMP (detectron2's
-AMPTrainer, mmengine's AmpOptimWrapper) needs CUDA, so on the CPU (a) and (b) run in fp32, and
-(c), (d) and (g) in bf16 where the CPU has it natively (``srvit_backbones.amp``; ``--no-amp``:
-fp32). Without
-CUDA and without ``--device`` it says so, runs (e) with the GPU's choices forced on the CPU and
-exits 0.
-
-The checks take tools/gpu_check.py's parsed options (``args``: size, images_per_gpu,
-throughput_size, throughput_batch, backbone, compile_backend, warmup, steps, pretrain_amp,
-peak_memory) and the ``torch.device``. (a) and (b) are rows of ``TRAINING_CHECKS``: the
-framework's step is its adapter's ``time_training`` (``srvit_backbones.frameworks``), so this
-module imports no framework.
+The checks take tools/gpu_check.py's parsed options (``args``) and the ``torch.device``; (a) and (b)
+step through their framework's adapter (``srvit_backbones.frameworks``), so no framework is imported here.
 """
 import contextlib
 import os
@@ -93,16 +58,10 @@ def paired(result):
 # ---------------------------------------------------------------- (a), (b) a framework's training step
 @dataclass(frozen=True)
 class TrainingCheck:
-    """A check of a framework's training step: its adapter's ``time_training`` of each config
-    at --size (at most ``max_size``) with ``images_per_gpu`` x --images-per-gpu images.
-
-    With an ``anchor`` (a config of the framework's own published model) the anchor is stepped
-    first in the same run and each config's row gets ``vs_<anchor_name>`` ratios; where the
-    anchor does not load, the ``published`` figures stand in, with the reason. The check then
-    reports its ``rows`` and the ``reference``; one without an anchor times one config and
-    reports its row. With ``missing`` (what to install), a framework that does not import skips
-    the check with the reason instead of failing it.
-    """
+    """A framework's training step: its adapter's ``time_training`` of each config at --size (at
+    most ``max_size``), ``images_per_gpu`` x --images-per-gpu images. An ``anchor`` config is stepped
+    first and each row gets ``vs_<anchor_name>`` ratios (the ``published`` figures where it does not
+    load); with ``missing`` (what to install), a framework that does not import skips the check."""
 
     framework: str
     configs: Tuple[str, ...]
@@ -215,8 +174,7 @@ def check_throughput(args, device):
 
 # ---------------------------------------------------------------- (e) device branches against the CPU
 def check_branches(args, device):
-    """The GPU's kernel and block choices against the CPU's on CPU tensors (always), and on a
-    GPU each kernel forced there in fp16 and bf16 and the tiny windowed model, against the CPU's fp32."""
+    """(e) The GPU's kernel choices against the CPU's; on a GPU also each kernel and a tiny model there."""
     rows = kernel_choice_rows()
     if device.type == "cuda":
         rows += kernels_on_device_against_cpu(device) + model_on_device_against_cpu(device)
@@ -225,8 +183,7 @@ def check_branches(args, device):
 
 # ---------------------------------------------------------------- (f) the backbone beside its anchors
 def check_backbone(args, device):
-    """The backbone (S-T3) at --size, global and windowed (ViTDet's 14x14 windows, rel-pos), inference and
-    training step, paired with vit_same_depth and vitdet_same_depth in interleaved rounds."""
+    """(f) --backbone at --size, global and windowed, paired with vit_same_depth and vitdet_same_depth."""
     argv = ["--model", args.backbone, "--size", str(args.size), "--batch-size", str(args.images_per_gpu * 2),
             "--modes", "infer", "train", "--references", "vit_same_depth", "vitdet_same_depth",
             "--variant", "global:", "--variant", WINDOWED, "--warmup", str(args.warmup),
@@ -238,8 +195,7 @@ def check_backbone(args, device):
 
 # ---------------------------------------------------------------- (g) torch.compile against eager
 def check_compile(args, device):
-    """--backbone compiled against eager (``--compile both``): at --throughput-size and windowed at
-    --size, inference and training step; ok when no compiled model had a graph break."""
+    """(g) --backbone compiled against eager, at --throughput-size and windowed at --size; ok without graph breaks."""
     common = ["--model", args.backbone, "--modes", "infer", "train", "--references", "--compile", "both",
               "--compile-backend", args.compile_backend, "--warmup", str(args.warmup), "--repeats", str(args.steps),
               "--device", str(device), "--amp", "on" if args.pretrain_amp else "off"]
@@ -270,10 +226,19 @@ CHECKS = dict(a=TRAINING_CHECKS["a"], b=TRAINING_CHECKS["b"], c=check_pretrain, 
 
 
 def run_checks(names, args, device, command: str, report: Callable[[str], None] = print) -> dict:
-    """The check's JSON: the ``command``, the machine, PUBLISHED and each check of ``names`` by its
-    letter (its entry, ``ok``, ``wall_s``; a check that raises is recorded with its error and
-    traceback and the others still run), ``ok`` when all are. ``report`` gets a line as each
-    check starts and one with its verdict."""
+    """Run the checks ``names`` (letters of CHECKS); one that raises is recorded and the others still run.
+
+    Args:
+        names: the checks' letters.
+        args: tools/gpu_check.py's parsed options.
+        device: the ``torch.device`` checked.
+        command: the command line, recorded in the result.
+        report: called with a line as each check starts and with its verdict.
+
+    Returns:
+        The JSON: command, machine, PUBLISHED, each check's entry (``ok``, ``wall_s``, its figures, or
+        its error and traceback) and ``ok`` when all are.
+    """
     result = dict(command=command, machine=machine_record(device), published=PUBLISHED, checks={})
     for name in names:
         report(f"gpu_check: ({name}) {CHECKS[name].__name__} ...")

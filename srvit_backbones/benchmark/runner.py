@@ -1,70 +1,20 @@
-"""Speed and memory of SR-ViT against timm's ViT of the same width and depth = D_eff (the
-physical reference: same number of block applications) and timm's DeiT-S / DeiT-B; of
-variants of one SR-ViT side by side; of whole Mask R-CNN training steps; compiled against
-eager; and of the relative-position attention kernels.
+"""tools/benchmark.py: speed and peak memory of SR-ViT against its anchors (``vit_same_depth``:
+timm's ViT of depth D_eff; ``vitdet_same_depth``: detectron2's ViTDet of the same applications)
+and timm models, of ``--variant``s side by side, of whole detectron2 steps (``--detector``), with
+``--amp`` / ``--compile`` paired against fp32 / eager, and of the relative-position attention
+kernels (``--attention``). All models of a mode are timed in interleaved rounds in one process
+(paired per-round ratios with a bootstrap 95% interval); peak memory in a process per model.
+docs/tools.md and docs/performance.md describe each mode and how it measures.
 
     python tools/benchmark.py --model srvit_s_t3 --size 224 --batch-size 8
     python tools/benchmark.py --model srvit_s_t4 --size 1024 --batch-size 1 --modes train \\
         --grad-checkpointing both --references --json docs/bench_s_t4_1024.json
-    python tools/benchmark.py --model srvit_s_t3 --size 1024 --batch-size 1 --references \\
-        --variant global: --variant win:window_size=14,use_rel_pos=True
     python tools/benchmark.py --model srvit_s_t3 --size 1024 --batch-size 2 --amp --references \\
         vit_same_depth vitdet_same_depth --variant global: --variant win:window_size=14,use_rel_pos=True
-    python tools/benchmark.py --detector mask_rcnn_srvit_s_t3.py mask_rcnn_deit_s.py --batch-size 1
-    python tools/benchmark.py --detector reference/mask_rcnn_vitdet_b.py mask_rcnn_srvit_s_t3_win.py \\
-        --batch-size 1 --amp
-    python tools/benchmark.py --attention --size 1024 --batch-size 2
-    python tools/benchmark.py --model srvit_s_t3 --modes infer --references --amp both
-    python tools/benchmark.py --model srvit_s_t3 --references --compile both
     python tools/benchmark.py --detector reference/mask_rcnn_vitdet_b.py mask_rcnn_srvit_s_t3_win.py \\
         --batch-size 1 --amp --compile both
-
-References: ``vit_same_depth`` is timm's ViT of the model's width and depth = D_eff (the
-physical reference of global attention); ``vitdet_same_depth`` is detectron2's own ViTDet ``ViT``
-with the first windowed variant's width, heads, depth = D_eff, window size and global
-applications, relative positions on (the physical reference of the windowed variants).
-Attention mode (``--attention``): the relative-position attention kernels one by one
-(``srvit_backbones.models.rel_pos.KERNELS`` and the default choice) beside flash attention
-without a bias and detectron2's formula, for the global grid of ``--size`` and its 14x14
-windows: the forward and the training step (forward + backward) timed apart, each beside its
-kernel launches per call, what a training step keeps for the backward, GPU peak memory, and
-each output's and gradient's error against detectron2's formula; a kernel that fails is a row
-with its error.
-Variants: ``--variant NAME:key=value,...`` builds ``--model`` with those core (``SRViT``)
-arguments, values read as Python literals (``global_attn_indexes=(0, 31)``); several
-``--variant`` run interleaved and each is compared with the first, with its parameter count.
-Detector mode (``--detector CONFIG ...``): each detectron2 LazyConfig is built as
-tools/train_net.py builds it (``srvit_backbones.detectron2.training``: the config's model and
-optimizer) and steps on a synthetic batch at the config's input size
-(``model.backbone.square_pad``): images with a few boxes and polygon masks, as the COCO mapper
-yields them. A training step is forward, backward and optimizer step; ``--grad-checkpointing``
-sets the backbone's ``use_act_checkpoint``. ``--amp`` is ``srvit_backbones.amp``'s autocast
-(fp16 on CUDA, bf16 on a CPU with native bf16, a clear error on one without); ``--amp both``
-interleaves it with fp32. No loss scaling: the steps are timed, not trained to convergence.
-``--compile`` times ``torch.compile(model, backend=--compile-backend)`` (inductor by default);
-with ``--detector``, each config's backbone alone, compiled by its switch as a user compiles it
-(``model.backbone.net.compile``; the ViTDet reference's ``ViT`` by torch's ``Module.compile``),
-the heads eager. ``--compile both`` pairs each model with its eager run. A compiled model's first step compiles
-it: it is timed on its own before the ``--warmup`` steps (``first_step_s``; ``compile_s`` =
-that minus the median step), and its row records the graph breaks and graphs dynamo made in
-it and the warm-up (``graph_breaks``, ``graph_break_reasons``, ``graphs``) and inductor's FX
-graph cache hits and misses (a warm cache from an earlier run shortens ``compile_s``).
-
-Timing: all models of a mode are built in one process and warmed up; then the timed
-repeats are interleaved: in every round each model runs one step in turn, in alternating
-order (A B C, C B A, ...). Compared models are timed seconds apart and share one allocator
-and one set of threads, so a machine whose speed drifts (shared VMs, GPU clocks) shifts them
-alike; per-round paired time ratios are reported with a bootstrap 95% interval. (Separate
-processes per model were tried first: on a shared 2-core VM they differed systematically by
-more than 5%, more than the differences being measured.)
-On Linux/glibc the timing process keeps freed memory (see ``keep_freed_memory``): otherwise
-a step's activations can be handed back to the kernel and faulted in again, which costs time
-and scatters it.
-Peak memory: after the timing, each model in a process of its own, forked from a server that
-imported torch once (``memory_processes``; CPU: growth of the peak resident set from the job's
-start, parameters and optimizer state included; GPU: max allocated), so the figure is that
-model's alone.
-The table shows medians and spreads (min-max); --json writes every repeat and the command.
+    python tools/benchmark.py --attention --size 1024 --batch-size 2
+    python tools/benchmark.py --model srvit_s_t3 --references --compile both
 """
 import argparse
 import collections
@@ -93,6 +43,7 @@ from .timing import Timer, keep_freed_memory, minor_page_faults, paired_ratios, 
 SUBJECTS = ("srvit", "detectron2")  # what is measured; the other kinds are references
 SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # torch.compile backends --compile-backend takes
+SWITCH = {"off": [False], "on": [True], "both": [False, True]}  # --grad-checkpointing, --amp, --compile
 
 
 # ---------------------------------------------------------------- one job: its model and step
@@ -116,8 +67,8 @@ def build_job(job, args, device):
 
 @contextlib.contextmanager
 def compile_record():
-    """What dynamo and inductor did inside the block: graph breaks (count, and each reason's first
-    300 characters), graphs made, FX graph cache hits and misses. Yields the dict it fills."""
+    """Yields a dict it fills with what dynamo and inductor did inside the block: graph breaks (and
+    their reasons), graphs made, FX graph cache hits and misses."""
     from torch._dynamo.utils import counters
 
     def snapshot():
@@ -134,9 +85,8 @@ def compile_record():
 
 
 def time_interleaved(jobs, args, device):
-    """Build every job's model in this process and warm each up (a compiled model's first,
-    compiling step timed on its own before); then run ``args.repeats`` rounds of one step per
-    model, alternating the order every round (A B C, C B A, ...)."""
+    """Build and warm up every job (a compiled one's first step timed apart), then time
+    ``args.repeats`` rounds of one step per job in alternating order; the jobs' rows."""
     if any(job.get("compiled") for job in jobs):
         torch._dynamo.reset()  # compile afresh: no graphs, guards or recompilations of an earlier run
     steps, extras, timers = [], [], []
@@ -179,8 +129,7 @@ def time_interleaved(jobs, args, device):
 
 # ---------------------------------------------------------------- peak memory, one process per job
 def peak_memory_process(job, args, results):
-    """In a process of its own: build, run two steps (the second one with the optimizer state
-    that the first created), send the growth of the peak memory (or the error) to ``results``."""
+    """In a process of its own: two steps of the job; sends their peak memory (or the error) to ``results``."""
     try:
         device = torch.device(args.device)
         rss_before = peak_rss_mib()
@@ -199,11 +148,8 @@ def peak_memory_process(job, args, results):
 
 
 def memory_processes():
-    """Where the peak-memory processes come from: forked from a server process that imported this
-    module (torch) once and ran nothing else (multiprocessing's forkserver), so that a job pays no
-    import; not forked from the timing process, whose children would start with its CUDA context,
-    its allocator settings and its freed but resident memory. A new interpreter each where the
-    platform has no fork (Windows)."""
+    """The peak-memory processes' context: forkserver (torch imported once; not forked from the timing
+    process, its CUDA context and allocator), spawn where the platform has no fork."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
@@ -228,7 +174,7 @@ def measure_peak_memory(job, args):
 
 
 def release_device_memory(device):
-    """What the timing process held on the GPU handed back before the memory processes start."""
+    """Hand back what the timing process held on the GPU before the memory processes start."""
     gc.collect()
     if device.type == "cuda":
         torch._dynamo.reset()  # compiled code keeps its model alive
@@ -256,9 +202,8 @@ def _deff(name):
 
 
 def paired_ratio(a, b):
-    """Time ratio a/b of two rows from their per-round ratios (``paired_ratios``), the ratio of
-    the best (minimum) times, which estimates the undisturbed cost when interference only ever
-    slows a step down, and the rows' peak memory ratio and parameter difference."""
+    """Rows a / b: their paired time ratios, the ratio of their best times, of their peak memory
+    and their parameter difference."""
     return dict(a=label(a), b=label(b), **paired_ratios(a["times_s"], b["times_s"]),
                 best_ratio=a["min_s"] / b["min_s"],
                 peak_ratio=a["peak_mib"] / b["peak_mib"] if a["peak_mib"] and b["peak_mib"] else None,
@@ -270,10 +215,8 @@ def model_key(row):
 
 
 def comparisons(rows):
-    """Within one mode: every measured model (SR-ViT variant or detector config) against every
-    reference and against the first measured model, at equal checkpointing, precision and
-    compilation; and each measured model with checkpointing against itself without, with
-    autocast against itself in fp32, compiled against itself eager."""
+    """Within a mode, each measured model against every reference and the first measured model (alike
+    otherwise), and against itself without checkpointing, autocast or compilation."""
     subjects = [r for r in rows if r["kind"] in SUBJECTS]
     first = model_key(subjects[0]) if subjects else None
     out = []
@@ -359,8 +302,8 @@ def parse_args(argv=None):
 
 
 def check_args(args):
-    """Every problem with the arguments at once, each with what to do (a ``ConfigError``);
-    returns the parsed variants [(name, core arguments)] and the autocast dtype (None without --amp)."""
+    """The parsed variants [(name, core arguments)] and autocast dtype name (None without --amp);
+    a ``ConfigError`` listing every problem with the arguments, each with what to do."""
     errors, variants, dtype = [], [], None
     if args.model not in VARIANTS:
         errors.append(f"unknown --model {args.model!r}; known: {', '.join(VARIANTS)}")
@@ -420,9 +363,7 @@ def check_args(args):
 
 
 def make_jobs(args, variants, dtype, mode):
-    ckpt = {"off": [False], "on": [True], "both": [False, True]}[args.grad_checkpointing]
-    amps = {"off": [False], "on": [True], "both": [False, True]}[args.amp]
-    compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    ckpt, amps, compiles = (SWITCH[v] for v in (args.grad_checkpointing, args.amp, args.compile))
     if args.detector:
         models = [dict(kind="detectron2", name=c, overrides=list(args.detector_opts)) for c in args.detector]
     else:
@@ -437,8 +378,7 @@ def make_jobs(args, variants, dtype, mode):
 
 
 def command_line(argv):
-    """The command that reproduces this run: the script and its arguments (tools/benchmark.py
-    with ``argv`` when another tool ran the benchmark with them)."""
+    """The command that reproduces this run."""
     if argv is None:
         return " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])
     return " ".join(["tools/benchmark.py"] + list(argv))
@@ -452,8 +392,14 @@ def write_json(path, result):
 
 
 def main(argv=None):
-    """tools/benchmark.py: parse ``argv``, time, report; returns the result written to --json
-    (``ConfigError`` for arguments that cannot run)."""
+    """tools/benchmark.py: parse ``argv``, time, print the table.
+
+    Returns:
+        The result written to ``--json`` (command, machine, method, rows, comparisons).
+
+    Raises:
+        ConfigError: arguments that cannot run.
+    """
     args = parse_args(argv)
     variants, dtype = check_args(args)
     device = torch.device(args.device)
