@@ -43,18 +43,13 @@ def attention_cases(size, batch_size):
 
 
 def attention_inputs(images, grid, device, dtype):
-    """q, k, v in ``dtype`` and float32 tables on ``device``, requiring gradients."""
+    """[q, k, v in ``dtype``, float32 tables] on ``device``, requiring gradients, and a fixed output gradient."""
     g = torch.Generator().manual_seed(0)
-    n = grid[0] * grid[1]
-    qkv = [torch.randn(images, ATTENTION_HEADS, n, ATTENTION_HEAD_DIM, generator=g).to(device, dtype) for _ in range(3)]
-    tables = [torch.randn(2 * side - 1, ATTENTION_HEAD_DIM, generator=g).mul_(0.1).to(device) for side in grid]
-    return [t.requires_grad_() for t in qkv + tables]
-
-
-def output_gradient(images, grid, device, dtype):
-    """The fixed gradient of an application's output, on ``device``."""
     shape = (images, ATTENTION_HEADS, grid[0] * grid[1], ATTENTION_HEAD_DIM)
-    return torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    qkv = [torch.randn(shape, generator=g).to(device, dtype) for _ in range(3)]
+    tables = [torch.randn(2 * side - 1, ATTENTION_HEAD_DIM, generator=g).mul_(0.1).to(device) for side in grid]
+    grad_out = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    return [t.requires_grad_() for t in qkv + tables], grad_out
 
 
 def call_attention(fn, tensors, grid, device):
@@ -130,13 +125,13 @@ def attention_rows(size, batch_size, device, warmup, repeats):
     kernels = attention_kernels()
     rows = []
     for case, images, grid in attention_cases(size, batch_size):
-        fp32 = attention_inputs(images, grid, device, torch.float32)
+        fp32, fp32_grad_out = attention_inputs(images, grid, device, torch.float32)
         reference = call_attention(detectron2_formula, fp32, grid, device)
-        reference_grads = torch.autograd.grad(reference, fp32, output_gradient(images, grid, device, torch.float32))
+        reference_grads = torch.autograd.grad(reference, fp32, fp32_grad_out)
         reference = reference.detach()
         for dtype_name in ATTENTION_DTYPES[device.type]:
             dtype = getattr(torch, dtype_name)
-            tensors, grad_out = attention_inputs(images, grid, device, dtype), output_gradient(images, grid, device, dtype)
+            tensors, grad_out = attention_inputs(images, grid, device, dtype)
             group = []
             for name, fn in kernels.items():
                 row = dict(case=case, images=images, grid=list(grid), heads=ATTENTION_HEADS, dtype=dtype_name,
@@ -176,7 +171,8 @@ def report_attention(rows):
             continue
         fb = f"{statistics.median(r['forward_backward_s']) * 1e3:>11.2f}" if r["forward_backward_s"] else f"{'-':>11}"
         grads = [c for c in r.get("gradient_cosines") or [] if c is not None]
-        launches = [f"{'-' if r.get(key) is None else r[key]:>8}" for key in ("forward_launches", "forward_backward_launches")]
+        launches = [f"{'-' if r.get(key) is None else r[key]:>8}"
+                    for key in ("forward_launches", "forward_backward_launches")]
         print(f"{head} {statistics.median(r['forward_s']) * 1e3:>8.2f} {launches[0]} {fb} "
               f"{launches[1]} {r.get('saved_mib', float('nan')):>10.1f} "
               f"{r.get('peak_mib', float('nan')):>9.1f} {r['output_cosine']:>9.5f} "

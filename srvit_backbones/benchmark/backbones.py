@@ -1,5 +1,6 @@
 """The backbones a benchmark times (SR-ViT variants, their same-depth anchors, timm models) and their steps."""
 import ast
+import functools
 import inspect
 
 import timm
@@ -76,11 +77,7 @@ def build(kind, name, size, grad_ckpt, model_args=None):
 def backbone_step(model, mode, inputs, amp_dtype=None):
     """A function running one ``infer`` or ``train`` step (mean-square loss, AdamW) of ``model`` on
     ``inputs``, autocast to ``amp_dtype`` if given."""
-    device = str(inputs.device)
-
-    def autocast():
-        return amp.autocast(device, amp_dtype is not None, amp_dtype)
-
+    autocast = functools.partial(amp.autocast, str(inputs.device), amp_dtype is not None, amp_dtype)
     if mode == "infer":
         model.eval()
 

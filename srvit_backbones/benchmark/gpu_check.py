@@ -15,8 +15,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Callable
 
 import torch
 
@@ -56,70 +55,46 @@ def paired(result):
 
 
 # ---------------------------------------------------------------- (a), (b) a framework's training step
-@dataclass(frozen=True)
-class TrainingCheck:
-    """A framework's training step: its adapter's ``time_training`` of each config at --size (at
-    most ``max_size``), ``images_per_gpu`` x --images-per-gpu images. An ``anchor`` config is stepped
-    first and each row gets ``vs_<anchor_name>`` ratios (the ``published`` figures where it does not
-    load); with ``missing`` (what to install), a framework that does not import skips the check."""
-
-    framework: str
-    configs: Tuple[str, ...]
-    anchor: Optional[str] = None
-    anchor_name: Optional[str] = None
-    published: Optional[str] = None  # a key of PUBLISHED
-    max_size: Optional[int] = None
-    images_per_gpu: int = 1
-    missing: Optional[str] = None
-
-    @property
-    def __name__(self) -> str:  # the progress lines name a check as its function: check_<framework>
-        return f"check_{self.framework}"
-
-    def __call__(self, args, device):
-        try:
-            framework = adapter(self.framework)
-        except ImportError as e:  # a GPU machine without the framework: the other checks stand
-            if self.missing is None:
-                raise
-            cause = e.__cause__ or e  # the framework's own ImportError
-            return dict(skipped=f"{self.framework} does not import ({type(cause).__name__}: {cause}); {self.missing}")
-        size = min(args.size, self.max_size or args.size)
-        configs, reference = self.configs, None
-        if self.anchor:
-            try:
-                load_config(self.anchor, self.framework)
-                configs = (self.anchor,) + configs
-            except Exception as e:  # the framework without its model zoo's configs
-                reference = dict(PUBLISHED[self.published], why=f"{self.anchor} not built: {e}")
-        rows = []
-        for config in configs:
-            rows.append(framework.time_training(config, size, args.images_per_gpu * self.images_per_gpu, device,
-                                                args.warmup, args.steps))
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-        if not self.anchor:
-            (row,) = rows
-            return row
-        if reference is None:  # measured in this run: ours / the anchor
-            anchor = rows[0]
-            for row in rows[1:]:
-                row[f"vs_{self.anchor_name}"] = dict(
-                    s_per_iter_ratio=row["s_per_iter"] / anchor["s_per_iter"],
-                    peak_memory_ratio=row["peak_memory_gb"] / anchor["peak_memory_gb"] if "peak_memory_gb" in row
-                    else None)
-            reference = dict(measured=self.anchor, s_per_iter=anchor["s_per_iter"],
-                             peak_memory_gb=anchor.get("peak_memory_gb"))
-        return dict(rows=rows, reference=reference)
+def time_training(framework, config, size, images, args, device):
+    """The framework adapter's ``time_training`` row of one config, the GPU's cache emptied after it."""
+    row = framework.time_training(config, size, images, device, args.warmup, args.steps)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
 
 
-#: (a) detectron2's Mask R-CNN through its AMPTrainer beside ViTDet-B; (b) mmseg's UPerNet through
-#: its AmpOptimWrapper at the config's crop (512) and 2 images per GPU (16 over 8)
-TRAINING_CHECKS = dict(
-    a=TrainingCheck("detectron2", DETECTORS, anchor=VITDET_B, anchor_name="vitdet_b", published="vitdet_vit_b"),
-    b=TrainingCheck("mmseg", (SEGMENTOR,), max_size=512, images_per_gpu=2,
-                    missing="install mmcv with its ops and mmseg (docs/install.md) to run (b)"),
-)
+def check_detectron2(args, device):
+    """(a) Mask R-CNN training steps through detectron2's trainer, after ViTDet-B's in the same run
+    (each row's ``vs_vitdet_b``), or beside the published figures where ViTDet-B does not load."""
+    framework, configs, reference = adapter("detectron2"), DETECTORS, None
+    try:
+        load_config(VITDET_B, "detectron2")
+        configs = (VITDET_B,) + configs
+    except Exception as e:  # detectron2 without its model zoo's configs
+        reference = dict(PUBLISHED["vitdet_vit_b"], why=f"{VITDET_B} not built: {e}")
+    rows = [time_training(framework, config, args.size, args.images_per_gpu, args, device) for config in configs]
+    if reference is None:  # measured in this run: ours / the anchor
+        anchor = rows[0]
+        for row in rows[1:]:
+            row["vs_vitdet_b"] = dict(
+                s_per_iter_ratio=row["s_per_iter"] / anchor["s_per_iter"],
+                peak_memory_ratio=row["peak_memory_gb"] / anchor["peak_memory_gb"] if "peak_memory_gb" in row
+                else None)
+        reference = dict(measured=VITDET_B, s_per_iter=anchor["s_per_iter"],
+                         peak_memory_gb=anchor.get("peak_memory_gb"))
+    return dict(rows=rows, reference=reference)
+
+
+def check_mmseg(args, device):
+    """(b) UPerNet's training step through mmengine's AmpOptimWrapper at the config's crop (at most 512)
+    and 2 x --images-per-gpu images; skipped, with the reason, where mmseg does not import."""
+    try:
+        framework = adapter("mmseg")
+    except ImportError as e:  # a GPU machine without mmseg: the other checks stand
+        cause = e.__cause__ or e  # the framework's own ImportError
+        return dict(skipped=f"mmseg does not import ({type(cause).__name__}: {cause}); "
+                            f"install mmcv with its ops and mmseg (docs/install.md) to run (b)")
+    return time_training(framework, SEGMENTOR, min(args.size, 512), args.images_per_gpu * 2, args, device)
 
 
 # ---------------------------------------------------------------- (c) pretraining with --amp
@@ -155,9 +130,10 @@ def check_throughput(args, device):
     from ..flops import count_flops
 
     size = args.throughput_size
-    argv = ["--model", "srvit_s_t3", "--size", str(size), "--batch-size", str(args.throughput_batch), "--modes", "infer",
-            "--references", "deit_small_patch16_224", "vit_same_depth", "--warmup", str(args.warmup),
-            "--repeats", str(args.steps), "--device", str(device), "--amp", "on" if args.pretrain_amp else "off"]
+    argv = ["--model", "srvit_s_t3", "--size", str(size), "--batch-size", str(args.throughput_batch),
+            "--modes", "infer", "--references", "deit_small_patch16_224", "vit_same_depth",
+            "--warmup", str(args.warmup), "--repeats", str(args.steps), "--device", str(device),
+            "--amp", "on" if args.pretrain_amp else "off"]
     result = benchmark(argv, args)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     rows = []
@@ -208,7 +184,8 @@ def check_compile(args, device):
         by_label = {label(r): r for r in result["rows"]}
         for c in result["comparisons"]:  # one model: compiled / eager of each mode
             compiled, eager = by_label[c["a"]], by_label[c["b"]]
-            rows.append(dict(model=c["b"], compiled_model=c["a"], size=compiled["size"], batch_size=compiled["batch_size"],
+            rows.append(dict(model=c["b"], compiled_model=c["a"], size=compiled["size"],
+                             batch_size=compiled["batch_size"],
                              backend=compiled["compile_backend"], eager_s=eager["median_s"],
                              compiled_s=compiled["median_s"], time_ratio=c["median"], ci95=c["ci95"],
                              speedup=1 / c["median"], peak_ratio=c["peak_ratio"],
@@ -221,7 +198,7 @@ def check_compile(args, device):
 
 
 #: every check by its letter: a callable of (args, device) returning its JSON entry
-CHECKS = dict(a=TRAINING_CHECKS["a"], b=TRAINING_CHECKS["b"], c=check_pretrain, d=check_throughput,
+CHECKS = dict(a=check_detectron2, b=check_mmseg, c=check_pretrain, d=check_throughput,
               e=check_branches, f=check_backbone, g=check_compile)
 
 

@@ -75,13 +75,11 @@ def compile_record():
         return (collections.Counter(counters["graph_break"]), counters["stats"]["unique_graphs"],
                 counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"])
 
-    record = {}
-    breaks, graphs, hits, misses = snapshot()
+    record, before = {}, snapshot()
     yield record
-    breaks_after, graphs_after, hits_after, misses_after = snapshot()
-    new = breaks_after - breaks
+    new, graphs, hits, misses = (after - earlier for after, earlier in zip(snapshot(), before))
     record.update(graph_breaks=sum(new.values()), graph_break_reasons=[" ".join(r.split())[:300] for r in new],
-                  graphs=graphs_after - graphs, fx_graph_cache=dict(hits=hits_after - hits, misses=misses_after - misses))
+                  graphs=graphs, fx_graph_cache=dict(hits=hits, misses=misses))
 
 
 def time_interleaved(jobs, args, device):
@@ -224,14 +222,10 @@ def comparisons(rows):
         for b in rows:
             if b is a or b["mode"] != a["mode"]:
                 continue
-            same_ckpt, same_amp = a["grad_checkpointing"] == b["grad_checkpointing"], a["amp"] == b["amp"]
-            same_compile = a.get("compiled") == b.get("compiled")
-            if model_key(b) == model_key(a):
-                if (same_amp and same_compile and a["grad_checkpointing"] and not b["grad_checkpointing"]) or \
-                        (same_ckpt and same_compile and a["amp"] and not b["amp"]) or \
-                        (same_ckpt and same_amp and a.get("compiled") and not b.get("compiled")):
-                    out.append(paired_ratio(a, b))
-            elif same_ckpt and same_amp and same_compile and (b["kind"] not in SUBJECTS or model_key(b) == first):
+            differ = [(bool(a.get(k)), bool(b.get(k))) for k in ("grad_checkpointing", "amp", "compiled")
+                      if bool(a.get(k)) != bool(b.get(k))]  # the switches a and b differ in
+            if (differ == [(True, False)]) if model_key(b) == model_key(a) else \
+                    (not differ and (b["kind"] not in SUBJECTS or model_key(b) == first)):
                 out.append(paired_ratio(a, b))
     return out
 
@@ -265,36 +259,30 @@ def parse_args(argv=None):
                    help="--model with these core arguments (Python literals); repeat to compare, the first is "
                         "the baseline; e.g. --variant global: --variant win:window_size=14,use_rel_pos=True")
     p.add_argument("--detector", nargs="+", metavar="CONFIG",
-                   help="time whole detectron2 steps of these LazyConfigs (paths or shipped names) instead of "
-                        "backbones, at each config's input size (--model, --variant, --references, --size unused)")
+                   help="time whole detectron2 steps of these LazyConfigs (paths or shipped names) at their input size")
     p.add_argument("--detector-opts", nargs="*", default=[], metavar="KEY=VALUE",
                    help="overrides applied to every --detector config, as tools/train_net.py takes them")
     p.add_argument("--size", type=int, default=224, help="224 (classification), 512 (seg), 1024 (det)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--modes", nargs="+", default=["infer", "train"], choices=["infer", "train"])
-    p.add_argument("--grad-checkpointing", choices=["off", "on", "both"], default="off",
-                   help="activation checkpointing in the training step")
+    p.add_argument("--grad-checkpointing", choices=list(SWITCH), default="off", help="in the training step")
     p.add_argument("--references", nargs="*", default=[REFERENCE_SAME_DEPTH, "deit_small_patch16_224",
                                                         "deit_base_patch16_224"],
-                   help=f"{REFERENCE_SAME_DEPTH}, {REFERENCE_VITDET} (the windowed variants' reference; needs "
-                        f"detectron2) and/or timm model names; empty: SR-ViT alone")
+                   help=f"{REFERENCE_SAME_DEPTH}, {REFERENCE_VITDET} (needs detectron2 and a windowed --variant) "
+                        "and/or timm models; none: SR-ViT alone")
     p.add_argument("--attention", action="store_true",
-                   help="time the relative-position attention kernels at --size (global grid and 14x14 windows), "
-                        "forward and training step apart, with their launches, against flash attention and "
-                        "detectron2's formula")
+                   help="time the relative-position attention kernels at --size (global grid, 14x14 windows)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per model")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds (one step per model each)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--amp", nargs="?", const="on", default="off", choices=["off", "on", "both"],
+    p.add_argument("--amp", nargs="?", const="on", default="off", choices=list(SWITCH),
                    help="autocast (fp16 on CUDA, bf16 on a CPU with native bf16); 'both': with and without")
-    p.add_argument("--compile", nargs="?", const="on", default="off", choices=["off", "on", "both"],
+    p.add_argument("--compile", nargs="?", const="on", default="off", choices=list(SWITCH),
                    help="torch.compile the models; 'both': compiled and eager, paired")
     p.add_argument("--compile-backend", default="inductor", choices=COMPILE_BACKENDS,
-                   help="torch.compile's backend with --compile (aot_eager / eager: dynamo's graphs and breaks "
-                        "without inductor's code generation, e.g. for a quick check on a CPU)")
+                   help="torch.compile's backend (aot_eager / eager: a quick look without inductor)")
     p.add_argument("--peak-memory", choices=["process", "off"], default="process",
-                   help="each model's peak memory in a process of its own after the timing, or not measured "
-                        "(quicker: no process per model; peak_mib is null)")
+                   help="each model's peak memory in a process of its own after the timing, or not measured")
     p.add_argument("--json", help="write results here")
     p.add_argument("--default-malloc", action="store_true",
                    help="time with the C library's default allocator settings (see keep_freed_memory)")

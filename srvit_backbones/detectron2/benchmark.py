@@ -73,10 +73,7 @@ def detector_step(config, opts=(), *, mode="train", batch_size=1, device="cpu", 
     if compile is not None and not isinstance(model.backbone.net, SRViTBackbone):
         model.backbone.net.compile(**compile)
     batch = synthetic_detection_batch(batch_size, size)
-
-    def amp():
-        return autocast(str(device), amp_dtype is not None, amp_dtype)
-
+    amp = functools.partial(autocast, str(device), amp_dtype is not None, amp_dtype)
     if mode == "infer":
         model.eval()
         images = [{k: v for k, v in x.items() if k != "instances"} for x in batch]
