@@ -41,9 +41,11 @@ PUBLISHED = dict(
 )
 
 
-def benchmark(argv, args):
-    """One tools/benchmark.py run in this process (its table on stderr): its result."""
-    argv = argv + ([] if args.peak_memory else ["--peak-memory", "off"])
+def benchmark(argv, args, device, amp):
+    """One tools/benchmark.py run in this process with the check's steps, ``device`` and ``amp`` (its
+    table on stderr): its result."""
+    argv = [*argv, "--warmup", str(args.warmup), "--repeats", str(args.steps), "--device", str(device),
+            "--amp", "on" if amp else "off", *([] if args.peak_memory else ["--peak-memory", "off"])]
     with contextlib.redirect_stdout(sys.stderr):
         return benchmark_main(argv)
 
@@ -131,10 +133,8 @@ def check_throughput(args, device):
 
     size = args.throughput_size
     argv = ["--model", "srvit_s_t3", "--size", str(size), "--batch-size", str(args.throughput_batch),
-            "--modes", "infer", "--references", "deit_small_patch16_224", "vit_same_depth",
-            "--warmup", str(args.warmup), "--repeats", str(args.steps), "--device", str(device),
-            "--amp", "on" if args.pretrain_amp else "off"]
-    result = benchmark(argv, args)
+            "--modes", "infer", "--references", "deit_small_patch16_224", "vit_same_depth"]
+    result = benchmark(argv, args, device, args.pretrain_amp)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     rows = []
     for row in result["rows"]:
@@ -162,9 +162,8 @@ def check_backbone(args, device):
     """(f) --backbone at --size, global and windowed, paired with vit_same_depth and vitdet_same_depth."""
     argv = ["--model", args.backbone, "--size", str(args.size), "--batch-size", str(args.images_per_gpu * 2),
             "--modes", "infer", "train", "--references", "vit_same_depth", "vitdet_same_depth",
-            "--variant", "global:", "--variant", WINDOWED, "--warmup", str(args.warmup),
-            "--repeats", str(args.steps), "--device", str(device), "--amp", "on" if device.type == "cuda" else "off"]
-    result = benchmark(argv, args)
+            "--variant", "global:", "--variant", WINDOWED]
+    result = benchmark(argv, args, device, device.type == "cuda")
     rows = [dict(model=label(r), median_s=r["median_s"], peak_mib=r["peak_mib"]) for r in result["rows"]]
     return dict(command="python " + result["command"], rows=rows, paired=paired(result))
 
@@ -173,22 +172,20 @@ def check_backbone(args, device):
 def check_compile(args, device):
     """(g) --backbone compiled against eager, at --throughput-size and windowed at --size; ok without graph breaks."""
     common = ["--model", args.backbone, "--modes", "infer", "train", "--references", "--compile", "both",
-              "--compile-backend", args.compile_backend, "--warmup", str(args.warmup), "--repeats", str(args.steps),
-              "--device", str(device), "--amp", "on" if args.pretrain_amp else "off"]
+              "--compile-backend", args.compile_backend]
     runs = [[*common, "--size", str(args.throughput_size), "--batch-size", str(args.throughput_batch)],
             [*common, "--size", str(args.size), "--batch-size", str(args.images_per_gpu * 2), "--variant", WINDOWED]]
     commands, rows = [], []
     for argv in runs:
-        result = benchmark(argv, args)
+        result = benchmark(argv, args, device, args.pretrain_amp)
         commands.append("python " + result["command"])
         by_label = {label(r): r for r in result["rows"]}
         for c in result["comparisons"]:  # one model: compiled / eager of each mode
             compiled, eager = by_label[c["a"]], by_label[c["b"]]
             rows.append(dict(model=c["b"], compiled_model=c["a"], size=compiled["size"],
-                             batch_size=compiled["batch_size"],
-                             backend=compiled["compile_backend"], eager_s=eager["median_s"],
-                             compiled_s=compiled["median_s"], time_ratio=c["median"], ci95=c["ci95"],
-                             speedup=1 / c["median"], peak_ratio=c["peak_ratio"],
+                             batch_size=compiled["batch_size"], backend=compiled["compile_backend"],
+                             eager_s=eager["median_s"], compiled_s=compiled["median_s"], time_ratio=c["median"],
+                             ci95=c["ci95"], speedup=1 / c["median"], peak_ratio=c["peak_ratio"],
                              **{k: compiled[k] for k in ("first_step_s", "compile_s", "graph_breaks",
                                                          "graph_break_reasons", "graphs", "fx_graph_cache")}))
     train = next(r for r in rows if " train" in r["model"])  # the first run's: at --throughput-size

@@ -365,20 +365,6 @@ def make_jobs(args, variants, dtype, mode):
             for m in models for c in (ckpt if mode == "train" else [False]) for a in amps for compiled in compiles]
 
 
-def command_line(argv):
-    """The command that reproduces this run."""
-    if argv is None:
-        return " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])
-    return " ".join(["tools/benchmark.py"] + list(argv))
-
-
-def write_json(path, result):
-    if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(result, f, indent=2)
-
-
 def main(argv=None):
     """tools/benchmark.py: parse ``argv``, time, print the table.
 
@@ -391,33 +377,37 @@ def main(argv=None):
     args = parse_args(argv)
     variants, dtype = check_args(args)
     device = torch.device(args.device)
+    command = " ".join([os.path.relpath(sys.argv[0]), *sys.argv[1:]] if argv is None else ["tools/benchmark.py", *argv])
     if args.attention:
         rows = attention_rows(args.size, args.batch_size, device, args.warmup, args.repeats)
         report_attention(rows)
-        result = dict(command=command_line(argv), rows=rows, machine=machine_record(device))
-        write_json(args.json, result)
-        return result
-    torch.manual_seed(0)
-    malloc = None if args.default_malloc else keep_freed_memory()
-    rows = []
-    for mode in args.modes:
-        jobs = make_jobs(args, variants, dtype, mode)
-        timed = time_interleaved(jobs, args, device)
-        release_device_memory(device)
-        rows += [dict(row, **(measure_peak_memory(job, args) if args.peak_memory == "process"
-                              else dict(peak_mib=None, peak_kind="not measured (--peak-memory off)")))
-                 for job, row in zip(jobs, timed)]
-    ratios = comparisons(rows)
-    report(rows, ratios)
-    machine = dict(machine_record(device), timm=timm.__version__)
-    if args.detector:
-        import detectron2
-        machine["detectron2"] = detectron2.__version__
-    result = dict(command=command_line(argv), machine=machine,
-                  method=dict(time="interleaved rounds in one process", malloc=malloc or "default",
-                              peak_memory="one process per model after the timing, default allocator"
-                              if args.peak_memory == "process" else "not measured (--peak-memory off)",
-                              amp_dtype=dtype),
-                  rows=rows, comparisons=ratios)
-    write_json(args.json, result)
+        result = dict(command=command, rows=rows, machine=machine_record(device))
+    else:
+        torch.manual_seed(0)
+        malloc = None if args.default_malloc else keep_freed_memory()
+        rows = []
+        for mode in args.modes:
+            jobs = make_jobs(args, variants, dtype, mode)
+            timed = time_interleaved(jobs, args, device)
+            release_device_memory(device)
+            rows += [dict(row, **(measure_peak_memory(job, args) if args.peak_memory == "process"
+                                  else dict(peak_mib=None, peak_kind="not measured (--peak-memory off)")))
+                     for job, row in zip(jobs, timed)]
+        ratios = comparisons(rows)
+        report(rows, ratios)
+        machine = dict(machine_record(device), timm=timm.__version__)
+        if args.detector:
+            import detectron2
+            machine["detectron2"] = detectron2.__version__
+        result = dict(command=command, machine=machine,
+                      method=dict(time="interleaved rounds in one process", malloc=malloc or "default",
+                                  peak_memory="one process per model after the timing, default allocator"
+                                  if args.peak_memory == "process" else "not measured (--peak-memory off)",
+                                  amp_dtype=dtype),
+                      rows=rows, comparisons=ratios)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
     return result
+
