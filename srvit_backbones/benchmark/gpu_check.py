@@ -56,7 +56,6 @@ def paired(result):
             for c in result["comparisons"]]
 
 
-# ---------------------------------------------------------------- (a), (b) a framework's training step
 def time_training(framework, config, size, images, args, device):
     """The framework adapter's ``time_training`` row of one config, the GPU's cache emptied after it."""
     row = framework.time_training(config, size, images, device, args.warmup, args.steps)
@@ -99,8 +98,8 @@ def check_mmseg(args, device):
     return time_training(framework, SEGMENTOR, min(args.size, 512), args.images_per_gpu * 2, args, device)
 
 
-# ---------------------------------------------------------------- (c) pretraining with --amp
 def check_pretrain(args, device):
+    """(c) tools/pretrain.py's training steps with ``--amp`` (fp16 + GradScaler on CUDA) on a synthetic ImageFolder."""
     from ..pretrain import engine, recipe, trainer
 
     with tempfile.TemporaryDirectory() as root:
@@ -127,8 +126,8 @@ def check_pretrain(args, device):
                 **timer.summary(args.warmup))
 
 
-# ---------------------------------------------------------------- (d) inference throughput
 def check_throughput(args, device):
+    """(d) Inference img/s of S-T3, DeiT-S and vit_same_depth at --throughput-size, paired, each with its MFU."""
     from ..flops import count_flops
 
     size = args.throughput_size
@@ -148,7 +147,6 @@ def check_throughput(args, device):
                                deit_s=PUBLISHED["deit_s_224_img_per_s"]))
 
 
-# ---------------------------------------------------------------- (e) device branches against the CPU
 def check_branches(args, device):
     """(e) The GPU's kernel choices against the CPU's; on a GPU also each kernel and a tiny model there."""
     rows = kernel_choice_rows()
@@ -157,7 +155,6 @@ def check_branches(args, device):
     return dict(rows=rows, ok=all(row["ok"] for row in rows))
 
 
-# ---------------------------------------------------------------- (f) the backbone beside its anchors
 def check_backbone(args, device):
     """(f) --backbone at --size, global and windowed, paired with vit_same_depth and vitdet_same_depth."""
     argv = ["--model", args.backbone, "--size", str(args.size), "--batch-size", str(args.images_per_gpu * 2),
@@ -168,7 +165,6 @@ def check_backbone(args, device):
     return dict(command="python " + result["command"], rows=rows, paired=paired(result))
 
 
-# ---------------------------------------------------------------- (g) torch.compile against eager
 def check_compile(args, device):
     """(g) --backbone compiled against eager, at --throughput-size and windowed at --size; ok without graph breaks."""
     common = ["--model", args.backbone, "--modes", "infer", "train", "--references", "--compile", "both",
