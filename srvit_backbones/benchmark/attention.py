@@ -1,12 +1,6 @@
-"""The attention mode (``tools/benchmark.py --attention``): the relative-position attention
-kernels one by one (``srvit_backbones.models.rel_pos.KERNELS`` and the default choice) beside
-flash attention without a bias and detectron2's formula, for
-the global grid of a size and its 14x14 windows: the forward (no autograd) and the forward +
-backward (a training step of the application) timed apart, each with its kernel launches per
-call (``launches.LaunchCounter``), what a training step keeps for the backward, GPU peak memory,
-and each output's and gradient's error against detectron2's formula. A kernel that fails is a
-row with its error; the others still run. (What a CUDA GPU would dispatch for each kernel,
-emulated on the CPU, is tests/test_cuda_dispatch.py's.)"""
+"""``tools/benchmark.py --attention``: the relative-position attention kernels beside flash attention
+and detectron2's formula, forward and training step timed apart, with launches, saved memory and
+errors against detectron2's formula (docs/tools.md)."""
 import functools
 import statistics
 
@@ -23,8 +17,7 @@ ATTENTION_HEADS, ATTENTION_HEAD_DIM, VITDET_WINDOW = 6, 64, 14  # SR-ViT-S, ViTD
 
 
 def detectron2_formula(q, k, v, rel_pos_h, rel_pos_w, size):
-    """ViTDet's attention from its q, k, v: the scores materialised, detectron2's
-    ``add_decomposed_rel_pos``, softmax, values: the reference every kernel is checked against."""
+    """ViTDet's attention with detectron2's ``add_decomposed_rel_pos``: the reference of every kernel."""
     from detectron2.modeling.backbone.utils import add_decomposed_rel_pos
 
     B, heads, N, C = q.shape
@@ -34,8 +27,7 @@ def detectron2_formula(q, k, v, rel_pos_h, rel_pos_w, size):
 
 
 def attention_kernels():
-    """name -> f(q, k, v, rel_pos_h, rel_pos_w, grid): ours (the default choice and each of
-    ``KERNELS``) and the references."""
+    """name -> f(q, k, v, rel_pos_h, rel_pos_w, grid): ours (default and each of ``KERNELS``) and the references."""
     kernels = {"flash, no bias": lambda q, k, v, h, w, size: F.scaled_dot_product_attention(q, k, v),
                "detectron2 formula": detectron2_formula,
                "ours (default choice)": rel_pos_attention}
@@ -44,27 +36,20 @@ def attention_kernels():
 
 
 def attention_cases(size, batch_size):
-    """(case, attention maps' images, grid): the global grid of ``size`` and its windows of 14x14
-    (the grid padded to whole windows, as ViTDet does) for ``batch_size`` images."""
+    """(case, maps, grid) of the global grid of ``size`` and of its (padded) 14x14 windows."""
     side = size // 16
     windows = (-(-side // VITDET_WINDOW)) ** 2
     return [("global", batch_size, (side, side)), ("windows", batch_size * windows, (VITDET_WINDOW,) * 2)]
 
 
 def attention_inputs(images, grid, device, dtype):
-    """q, k, v in ``dtype`` (as autocast's projections give them) and float32 tables (parameters),
-    made on ``device``."""
+    """[q, k, v in ``dtype``, float32 tables] on ``device``, requiring gradients, and a fixed output gradient."""
     g = torch.Generator().manual_seed(0)
-    n = grid[0] * grid[1]
-    qkv = [torch.randn(images, ATTENTION_HEADS, n, ATTENTION_HEAD_DIM, generator=g).to(device, dtype) for _ in range(3)]
-    tables = [torch.randn(2 * side - 1, ATTENTION_HEAD_DIM, generator=g).mul_(0.1).to(device) for side in grid]
-    return [t.requires_grad_() for t in qkv + tables]
-
-
-def output_gradient(images, grid, device, dtype):
-    """The fixed gradient of an application's output, made on ``device`` (before any timing)."""
     shape = (images, ATTENTION_HEADS, grid[0] * grid[1], ATTENTION_HEAD_DIM)
-    return torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    qkv = [torch.randn(shape, generator=g).to(device, dtype) for _ in range(3)]
+    tables = [torch.randn(2 * side - 1, ATTENTION_HEAD_DIM, generator=g).mul_(0.1).to(device) for side in grid]
+    grad_out = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    return [t.requires_grad_() for t in qkv + tables], grad_out
 
 
 def call_attention(fn, tensors, grid, device):
@@ -80,8 +65,7 @@ def forward(fn, tensors, grid, device):
 
 
 def training_step(fn, tensors, grid, device, grad_out):
-    """A training step of one application: the forward, then the backward from ``grad_out``;
-    the inputs' gradients (None where one does not reach)."""
+    """Forward, then backward from ``grad_out``: the inputs' gradients (None where one does not reach)."""
     out = call_attention(fn, tensors, grid, device)
     return torch.autograd.grad(out, tensors, grad_out.to(out.dtype), allow_unused=True)
 
@@ -104,9 +88,8 @@ def error_text(e: BaseException) -> str:
 
 
 def count_into(row, key, fn, *args):
-    """``row[key]``: the launches of ``fn(*args)``, or None with ``launches_error`` where they
-    cannot be counted (``flex_attention``, a higher-order operator that compiles itself, does
-    not run under a dispatch mode)."""
+    """``row[key]``: the launches of ``fn(*args)``, or None with ``launches_error`` (flex runs under no
+    dispatch mode)."""
     try:
         row[key] = count_launches(fn, *args).total
     except Exception as e:
@@ -114,9 +97,8 @@ def count_into(row, key, fn, *args):
 
 
 def check_kernel(row, fn, tensors, grad_out, reference, reference_grads, grid, device):
-    """Fill ``row`` with one kernel's untimed figures: the output's cosine and the forward's
-    launches; then, where its training step runs, the gradients' cosines, the step's launches,
-    what it keeps and (CUDA) its peak memory, else ``forward_backward_error``. Whether it trains."""
+    """Fill ``row`` with a kernel's untimed figures (cosines, launches, saved and peak memory, or
+    ``forward_backward_error``); whether its training step runs."""
     row["output_cosine"] = cosine(forward(fn, tensors, grid, device), reference)
     count_into(row, "forward_launches", forward, fn, tensors, grid, device)
     try:
@@ -136,22 +118,20 @@ def check_kernel(row, fn, tensors, grad_out, reference, reference_grads, grid, d
 
 
 def attention_rows(size, batch_size, device, warmup, repeats):
-    """Every kernel of ``attention_kernels`` on every case of ``attention_cases`` in each of
-    ATTENTION_DTYPES: checked once (``check_kernel``), then the forward and the training step
-    timed apart in interleaved rounds (alternating order), inputs and output gradients made on
-    the device beforehand. A kernel that raises is recorded with its error (``error``, or
-    ``forward_backward_error`` where only its training step fails) and left out of the rounds."""
+    """Rows of every kernel on every case of ``size`` (``batch_size`` images) in each of ATTENTION_DTYPES:
+    checked once, then forward and training step timed apart in ``warmup + repeats`` interleaved rounds.
+    A kernel that raises gets its ``error`` and leaves the rounds."""
     device = torch.device(device)
     kernels = attention_kernels()
     rows = []
     for case, images, grid in attention_cases(size, batch_size):
-        fp32 = attention_inputs(images, grid, device, torch.float32)
+        fp32, fp32_grad_out = attention_inputs(images, grid, device, torch.float32)
         reference = call_attention(detectron2_formula, fp32, grid, device)
-        reference_grads = torch.autograd.grad(reference, fp32, output_gradient(images, grid, device, torch.float32))
+        reference_grads = torch.autograd.grad(reference, fp32, fp32_grad_out)
         reference = reference.detach()
         for dtype_name in ATTENTION_DTYPES[device.type]:
             dtype = getattr(torch, dtype_name)
-            tensors, grad_out = attention_inputs(images, grid, device, dtype), output_gradient(images, grid, device, dtype)
+            tensors, grad_out = attention_inputs(images, grid, device, dtype)
             group = []
             for name, fn in kernels.items():
                 row = dict(case=case, images=images, grid=list(grid), heads=ATTENTION_HEADS, dtype=dtype_name,
@@ -191,7 +171,8 @@ def report_attention(rows):
             continue
         fb = f"{statistics.median(r['forward_backward_s']) * 1e3:>11.2f}" if r["forward_backward_s"] else f"{'-':>11}"
         grads = [c for c in r.get("gradient_cosines") or [] if c is not None]
-        launches = [f"{'-' if r.get(key) is None else r[key]:>8}" for key in ("forward_launches", "forward_backward_launches")]
+        launches = [f"{'-' if r.get(key) is None else r[key]:>8}"
+                    for key in ("forward_launches", "forward_backward_launches")]
         print(f"{head} {statistics.median(r['forward_s']) * 1e3:>8.2f} {launches[0]} {fb} "
               f"{launches[1]} {r.get('saved_mib', float('nan')):>10.1f} "
               f"{r.get('peak_mib', float('nan')):>9.1f} {r['output_cosine']:>9.5f} "

@@ -1,7 +1,6 @@
-"""The backbones a benchmark times: an SR-ViT variant with core arguments, and its anchors of
-the same applications (timm's ViT of depth D_eff; detectron2's ViTDet, built by the detectron2
-adapter), each with its inference or training step."""
+"""The backbones a benchmark times (SR-ViT variants, their same-depth anchors, timm models) and their steps."""
 import ast
+import functools
 import inspect
 
 import timm
@@ -17,8 +16,11 @@ SET_BY_TOOL = ("img_size", "num_classes")  # core arguments the benchmark sets i
 
 
 def parse_variant(spec):
-    """``NAME:key=value,...`` -> (NAME, {key: value}); values are Python literals. Raises
-    ValueError naming the problem and the expected form."""
+    """``NAME:key=value,...`` -> (NAME, {key: value}), values read as Python literals.
+
+    Raises:
+        ValueError: naming the problem and the expected form.
+    """
     form = "expected NAME:key=value,... (e.g. win:window_size=14,use_rel_pos=True; 'global:' for no arguments)"
     name, sep, rest = spec.partition(":")
     name = name.strip()
@@ -53,9 +55,9 @@ def windowed_variant(variants):
 
 
 def build(kind, name, size, grad_ckpt, model_args=None):
-    """The model of a benchmark row: ``srvit`` (``name`` with ``model_args``) or a timm model
-    (``timm``), or an anchor of ``name``'s applications (REFERENCE_SAME_DEPTH, REFERENCE_VITDET:
-    the windowed variant's ``model_args``). A 1000-class head at 224, none elsewhere."""
+    """The model of a benchmark row of ``kind``: ``srvit`` or ``timm`` (``name`` with ``model_args``), or
+    an anchor of ``name``'s applications (REFERENCE_SAME_DEPTH; REFERENCE_VITDET of the windowed
+    ``model_args``). A 1000-class head at 224, none elsewhere."""
     num_classes = 1000 if size == 224 else 0
     if kind == REFERENCE_VITDET:
         from ..detectron2.benchmark import vitdet_same_depth  # needs detectron2
@@ -73,13 +75,9 @@ def build(kind, name, size, grad_ckpt, model_args=None):
 
 
 def backbone_step(model, mode, inputs, amp_dtype=None):
-    """One inference (``infer``: eval, inference mode) or training step (``train``: the mean
-    square of the output, AdamW) of ``model`` on ``inputs``; autocast to ``amp_dtype`` if given."""
-    device = str(inputs.device)
-
-    def autocast():
-        return amp.autocast(device, amp_dtype is not None, amp_dtype)
-
+    """A function running one ``infer`` or ``train`` step (mean-square loss, AdamW) of ``model`` on
+    ``inputs``, autocast to ``amp_dtype`` if given."""
+    autocast = functools.partial(amp.autocast, str(inputs.device), amp_dtype is not None, amp_dtype)
     if mode == "infer":
         model.eval()
 

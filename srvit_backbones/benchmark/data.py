@@ -1,17 +1,15 @@
-"""Synthetic data for the measurements that read files (the detection and segmentation
-batches are built in memory by the adapters: ``srvit_backbones.detectron2.benchmark``,
-``srvit_backbones.mmseg.benchmark``)."""
+"""Synthetic files for the measurements that read them (the adapters build their batches in memory)."""
 import os
 
 import torch
 
 
-def synthetic_image_folder(root, classes=2, images=2, size=64, splits=("train", "val")):
+def synthetic_image_folder(root, classes=2, images=2, size=64):
     """An ImageFolder of noise, ``root/SPLIT/classC/I.jpg``, as tools/pretrain.py reads ImageNet."""
     from PIL import Image
 
     g = torch.Generator().manual_seed(0)
-    for split in splits:
+    for split in ("train", "val"):
         for c in range(classes):
             os.makedirs(os.path.join(root, split, f"class{c}"))
             for i in range(images):

@@ -1,48 +1,13 @@
-"""The GPU check (``make gpu-check``, tools/gpu_check.py): what a GPU user's run does, in one
-command and one JSON, each figure beside its anchor measured in the same run.
+"""tools/gpu_check.py (``make gpu-check``): what a GPU user's run does, in one command and one
+JSON, each figure beside its anchor measured in the same run (docs/performance.md's table says
+what each check runs and is read against):
+(a) detectron2's Mask R-CNN training step (AMPTrainer) beside ViTDet-B; (b) mmseg's UPerNet step
+(AmpOptimWrapper; skipped where mmseg does not import); (c) a tools/pretrain.py step with --amp;
+(d) inference img/s and MFU against DeiT-S and vit_same_depth; (e) the device branches against the
+CPU; (f) the backbone beside its anchors; (g) compiled against eager (no graph break allowed).
 
-A preset of benchmark runs (``srvit_backbones.benchmark``, tools/benchmark.py's harness) plus
-the checks of the training paths:
-(a) a Mask R-CNN training step of ``mask_rcnn_srvit_s_t3_win.py`` and ``mask_rcnn_srvit_s_t3.py``
-    at --size through detectron2's AMPTrainer (fp16 autocast + GradScaler), built as
-    tools/train_net.py builds them: s/iter and peak memory, each paired with detectron2's own
-    ViTDet ViT-B (``reference/mask_rcnn_vitdet_b.py``) stepped in the same run (the published
-    0.314 s/iter, 10.9 GB on an A100 only where detectron2's model zoo is absent, and the JSON says so);
-(b) an mmseg training step of ``upernet_srvit_s.py`` through its ``AmpOptimWrapper`` (skipped,
-    with the reason, where mmseg or mmcv does not import: the check still passes);
-(c) a pretraining step of tools/pretrain.py with ``--amp`` (fp16 + GradScaler on CUDA);
-(d) the benchmark's inference img/s of SR-ViT-S T=3, DeiT-S and timm's ViT of depth D_eff
-    at --throughput-size (224: the paper's) (paired ratios), next to the paper's 943 and 2614
-    img/s (its GPU), with each model's MFU: achieved FLOP/s (2 x count_flops' multiply-adds at
-    that size x img/s) over the GPU's dense fp16 / bf16 peak (PEAK_TFLOPS; "unknown" for a GPU
-    not in it);
-(e) the device branches against the CPU: the relative-position attention's kernel and block
-    choices of the GPU against the CPU's (fp32, 1e-5), and on a GPU each kernel (``blocked``,
-    ``bias``, also in calls of one map, ``flex``) forced there in fp16 and bf16, and a tiny
-    windowed model's features and gradients there (fp32, fp16 and bf16 autocast), each against
-    the CPU's fp32;
-(f) the benchmark's --backbone (S-T3) at --size, global and windowed, inference and training
-    step, paired with timm's ViT of depth D_eff (vit_same_depth) and detectron2's ViTDet of the
-    same applications (vitdet_same_depth);
-(g) the benchmark's ``--compile both``: --backbone compiled against eager at --throughput-size
-    (batch --throughput-batch) and windowed at --size, inference and training step: the paired
-    compiled / eager time, the first (compiling) step and the compile time apart from the step
-    time, and the graph breaks (0 expected: the check fails otherwise); the training step at
-    --throughput-size (224) is read against the target of >= 1.2x eager on a GPU.
-
-Data are synthetic (images with boxes and masks, label maps, an ImageFolder of noise): the
-check measures the code paths, speed and memory, not accuracy. The frameworks' AMP (detectron2's
-AMPTrainer, mmengine's AmpOptimWrapper) needs CUDA, so on the CPU (a) and (b) run in fp32, and
-(c), (d) and (g) in bf16 where the CPU has it natively (``srvit_backbones.amp``; ``--no-amp``:
-fp32). Without
-CUDA and without ``--device`` it says so, runs (e) with the GPU's choices forced on the CPU and
-exits 0.
-
-The checks take tools/gpu_check.py's parsed options (``args``: size, images_per_gpu,
-throughput_size, throughput_batch, backbone, compile_backend, warmup, steps, pretrain_amp,
-peak_memory) and the ``torch.device``. (a) and (b) are rows of ``TRAINING_CHECKS``: the
-framework's step is its adapter's ``time_training`` (``srvit_backbones.frameworks``), so this
-module imports no framework.
+The checks take tools/gpu_check.py's parsed options (``args``) and the ``torch.device``; (a) and (b)
+step through their framework's adapter (``srvit_backbones.frameworks``), so no framework is imported here.
 """
 import contextlib
 import os
@@ -50,8 +15,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Callable
 
 import torch
 
@@ -77,9 +41,11 @@ PUBLISHED = dict(
 )
 
 
-def benchmark(argv, args):
-    """One tools/benchmark.py run in this process (its table on stderr): its result."""
-    argv = argv + ([] if args.peak_memory else ["--peak-memory", "off"])
+def benchmark(argv, args, device, amp):
+    """One tools/benchmark.py run in this process with the check's steps, ``device`` and ``amp`` (its
+    table on stderr): its result."""
+    argv = [*argv, "--warmup", str(args.warmup), "--repeats", str(args.steps), "--device", str(device),
+            "--amp", "on" if amp else "off", *([] if args.peak_memory else ["--peak-memory", "off"])]
     with contextlib.redirect_stdout(sys.stderr):
         return benchmark_main(argv)
 
@@ -90,81 +56,50 @@ def paired(result):
             for c in result["comparisons"]]
 
 
-# ---------------------------------------------------------------- (a), (b) a framework's training step
-@dataclass(frozen=True)
-class TrainingCheck:
-    """A check of a framework's training step: its adapter's ``time_training`` of each config
-    at --size (at most ``max_size``) with ``images_per_gpu`` x --images-per-gpu images.
-
-    With an ``anchor`` (a config of the framework's own published model) the anchor is stepped
-    first in the same run and each config's row gets ``vs_<anchor_name>`` ratios; where the
-    anchor does not load, the ``published`` figures stand in, with the reason. The check then
-    reports its ``rows`` and the ``reference``; one without an anchor times one config and
-    reports its row. With ``missing`` (what to install), a framework that does not import skips
-    the check with the reason instead of failing it.
-    """
-
-    framework: str
-    configs: Tuple[str, ...]
-    anchor: Optional[str] = None
-    anchor_name: Optional[str] = None
-    published: Optional[str] = None  # a key of PUBLISHED
-    max_size: Optional[int] = None
-    images_per_gpu: int = 1
-    missing: Optional[str] = None
-
-    @property
-    def __name__(self) -> str:  # the progress lines name a check as its function: check_<framework>
-        return f"check_{self.framework}"
-
-    def __call__(self, args, device):
-        try:
-            framework = adapter(self.framework)
-        except ImportError as e:  # a GPU machine without the framework: the other checks stand
-            if self.missing is None:
-                raise
-            cause = e.__cause__ or e  # the framework's own ImportError
-            return dict(skipped=f"{self.framework} does not import ({type(cause).__name__}: {cause}); {self.missing}")
-        size = min(args.size, self.max_size or args.size)
-        configs, reference = self.configs, None
-        if self.anchor:
-            try:
-                load_config(self.anchor, self.framework)
-                configs = (self.anchor,) + configs
-            except Exception as e:  # the framework without its model zoo's configs
-                reference = dict(PUBLISHED[self.published], why=f"{self.anchor} not built: {e}")
-        rows = []
-        for config in configs:
-            rows.append(framework.time_training(config, size, args.images_per_gpu * self.images_per_gpu, device,
-                                                args.warmup, args.steps))
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-        if not self.anchor:
-            (row,) = rows
-            return row
-        if reference is None:  # measured in this run: ours / the anchor
-            anchor = rows[0]
-            for row in rows[1:]:
-                row[f"vs_{self.anchor_name}"] = dict(
-                    s_per_iter_ratio=row["s_per_iter"] / anchor["s_per_iter"],
-                    peak_memory_ratio=row["peak_memory_gb"] / anchor["peak_memory_gb"] if "peak_memory_gb" in row
-                    else None)
-            reference = dict(measured=self.anchor, s_per_iter=anchor["s_per_iter"],
-                             peak_memory_gb=anchor.get("peak_memory_gb"))
-        return dict(rows=rows, reference=reference)
+def time_training(framework, config, size, images, args, device):
+    """The framework adapter's ``time_training`` row of one config, the GPU's cache emptied after it."""
+    row = framework.time_training(config, size, images, device, args.warmup, args.steps)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
 
 
-#: (a) detectron2's Mask R-CNN through its AMPTrainer beside ViTDet-B; (b) mmseg's UPerNet through
-#: its AmpOptimWrapper at the config's crop (512) and 2 images per GPU (16 over 8)
-TRAINING_CHECKS = dict(
-    a=TrainingCheck("detectron2", DETECTORS, anchor=VITDET_B, anchor_name="vitdet_b", published="vitdet_vit_b"),
-    b=TrainingCheck("mmseg", (SEGMENTOR,), max_size=512, images_per_gpu=2,
-                    missing="install mmcv with its ops and mmseg (docs/install.md) to run (b)"),
-)
+def check_detectron2(args, device):
+    """(a) Mask R-CNN training steps through detectron2's trainer, after ViTDet-B's in the same run
+    (each row's ``vs_vitdet_b``), or beside the published figures where ViTDet-B does not load."""
+    framework, configs, reference = adapter("detectron2"), DETECTORS, None
+    try:
+        load_config(VITDET_B, "detectron2")
+        configs = (VITDET_B,) + configs
+    except Exception as e:  # detectron2 without its model zoo's configs
+        reference = dict(PUBLISHED["vitdet_vit_b"], why=f"{VITDET_B} not built: {e}")
+    rows = [time_training(framework, config, args.size, args.images_per_gpu, args, device) for config in configs]
+    if reference is None:  # measured in this run: ours / the anchor
+        anchor = rows[0]
+        for row in rows[1:]:
+            row["vs_vitdet_b"] = dict(
+                s_per_iter_ratio=row["s_per_iter"] / anchor["s_per_iter"],
+                peak_memory_ratio=row["peak_memory_gb"] / anchor["peak_memory_gb"] if "peak_memory_gb" in row
+                else None)
+        reference = dict(measured=VITDET_B, s_per_iter=anchor["s_per_iter"],
+                         peak_memory_gb=anchor.get("peak_memory_gb"))
+    return dict(rows=rows, reference=reference)
 
 
-# ---------------------------------------------------------------- (c) pretraining with --amp
+def check_mmseg(args, device):
+    """(b) UPerNet's training step through mmengine's AmpOptimWrapper at the config's crop (at most 512)
+    and 2 x --images-per-gpu images; skipped, with the reason, where mmseg does not import."""
+    try:
+        framework = adapter("mmseg")
+    except ImportError as e:  # a GPU machine without mmseg: the other checks stand
+        cause = e.__cause__ or e  # the framework's own ImportError
+        return dict(skipped=f"mmseg does not import ({type(cause).__name__}: {cause}); "
+                            f"install mmcv with its ops and mmseg (docs/install.md) to run (b)")
+    return time_training(framework, SEGMENTOR, min(args.size, 512), args.images_per_gpu * 2, args, device)
+
+
 def check_pretrain(args, device):
+    """(c) tools/pretrain.py's training steps with ``--amp`` (fp16 + GradScaler on CUDA) on a synthetic ImageFolder."""
     from ..pretrain import engine, recipe, trainer
 
     with tempfile.TemporaryDirectory() as root:
@@ -191,15 +126,14 @@ def check_pretrain(args, device):
                 **timer.summary(args.warmup))
 
 
-# ---------------------------------------------------------------- (d) inference throughput
 def check_throughput(args, device):
+    """(d) Inference img/s of S-T3, DeiT-S and vit_same_depth at --throughput-size, paired, each with its MFU."""
     from ..flops import count_flops
 
     size = args.throughput_size
-    argv = ["--model", "srvit_s_t3", "--size", str(size), "--batch-size", str(args.throughput_batch), "--modes", "infer",
-            "--references", "deit_small_patch16_224", "vit_same_depth", "--warmup", str(args.warmup),
-            "--repeats", str(args.steps), "--device", str(device), "--amp", "on" if args.pretrain_amp else "off"]
-    result = benchmark(argv, args)
+    argv = ["--model", "srvit_s_t3", "--size", str(size), "--batch-size", str(args.throughput_batch),
+            "--modes", "infer", "--references", "deit_small_patch16_224", "vit_same_depth"]
+    result = benchmark(argv, args, device, args.pretrain_amp)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     rows = []
     for row in result["rows"]:
@@ -213,49 +147,41 @@ def check_throughput(args, device):
                                deit_s=PUBLISHED["deit_s_224_img_per_s"]))
 
 
-# ---------------------------------------------------------------- (e) device branches against the CPU
 def check_branches(args, device):
-    """The GPU's kernel and block choices against the CPU's on CPU tensors (always), and on a
-    GPU each kernel forced there in fp16 and bf16 and the tiny windowed model, against the CPU's fp32."""
+    """(e) The GPU's kernel choices against the CPU's; on a GPU also each kernel and a tiny model there."""
     rows = kernel_choice_rows()
     if device.type == "cuda":
         rows += kernels_on_device_against_cpu(device) + model_on_device_against_cpu(device)
     return dict(rows=rows, ok=all(row["ok"] for row in rows))
 
 
-# ---------------------------------------------------------------- (f) the backbone beside its anchors
 def check_backbone(args, device):
-    """The backbone (S-T3) at --size, global and windowed (ViTDet's 14x14 windows, rel-pos), inference and
-    training step, paired with vit_same_depth and vitdet_same_depth in interleaved rounds."""
+    """(f) --backbone at --size, global and windowed, paired with vit_same_depth and vitdet_same_depth."""
     argv = ["--model", args.backbone, "--size", str(args.size), "--batch-size", str(args.images_per_gpu * 2),
             "--modes", "infer", "train", "--references", "vit_same_depth", "vitdet_same_depth",
-            "--variant", "global:", "--variant", WINDOWED, "--warmup", str(args.warmup),
-            "--repeats", str(args.steps), "--device", str(device), "--amp", "on" if device.type == "cuda" else "off"]
-    result = benchmark(argv, args)
+            "--variant", "global:", "--variant", WINDOWED]
+    result = benchmark(argv, args, device, device.type == "cuda")
     rows = [dict(model=label(r), median_s=r["median_s"], peak_mib=r["peak_mib"]) for r in result["rows"]]
     return dict(command="python " + result["command"], rows=rows, paired=paired(result))
 
 
-# ---------------------------------------------------------------- (g) torch.compile against eager
 def check_compile(args, device):
-    """--backbone compiled against eager (``--compile both``): at --throughput-size and windowed at
-    --size, inference and training step; ok when no compiled model had a graph break."""
+    """(g) --backbone compiled against eager, at --throughput-size and windowed at --size; ok without graph breaks."""
     common = ["--model", args.backbone, "--modes", "infer", "train", "--references", "--compile", "both",
-              "--compile-backend", args.compile_backend, "--warmup", str(args.warmup), "--repeats", str(args.steps),
-              "--device", str(device), "--amp", "on" if args.pretrain_amp else "off"]
+              "--compile-backend", args.compile_backend]
     runs = [[*common, "--size", str(args.throughput_size), "--batch-size", str(args.throughput_batch)],
             [*common, "--size", str(args.size), "--batch-size", str(args.images_per_gpu * 2), "--variant", WINDOWED]]
     commands, rows = [], []
     for argv in runs:
-        result = benchmark(argv, args)
+        result = benchmark(argv, args, device, args.pretrain_amp)
         commands.append("python " + result["command"])
         by_label = {label(r): r for r in result["rows"]}
         for c in result["comparisons"]:  # one model: compiled / eager of each mode
             compiled, eager = by_label[c["a"]], by_label[c["b"]]
-            rows.append(dict(model=c["b"], compiled_model=c["a"], size=compiled["size"], batch_size=compiled["batch_size"],
-                             backend=compiled["compile_backend"], eager_s=eager["median_s"],
-                             compiled_s=compiled["median_s"], time_ratio=c["median"], ci95=c["ci95"],
-                             speedup=1 / c["median"], peak_ratio=c["peak_ratio"],
+            rows.append(dict(model=c["b"], compiled_model=c["a"], size=compiled["size"],
+                             batch_size=compiled["batch_size"], backend=compiled["compile_backend"],
+                             eager_s=eager["median_s"], compiled_s=compiled["median_s"], time_ratio=c["median"],
+                             ci95=c["ci95"], speedup=1 / c["median"], peak_ratio=c["peak_ratio"],
                              **{k: compiled[k] for k in ("first_step_s", "compile_s", "graph_breaks",
                                                          "graph_break_reasons", "graphs", "fx_graph_cache")}))
     train = next(r for r in rows if " train" in r["model"])  # the first run's: at --throughput-size
@@ -265,15 +191,24 @@ def check_compile(args, device):
 
 
 #: every check by its letter: a callable of (args, device) returning its JSON entry
-CHECKS = dict(a=TRAINING_CHECKS["a"], b=TRAINING_CHECKS["b"], c=check_pretrain, d=check_throughput,
+CHECKS = dict(a=check_detectron2, b=check_mmseg, c=check_pretrain, d=check_throughput,
               e=check_branches, f=check_backbone, g=check_compile)
 
 
 def run_checks(names, args, device, command: str, report: Callable[[str], None] = print) -> dict:
-    """The check's JSON: the ``command``, the machine, PUBLISHED and each check of ``names`` by its
-    letter (its entry, ``ok``, ``wall_s``; a check that raises is recorded with its error and
-    traceback and the others still run), ``ok`` when all are. ``report`` gets a line as each
-    check starts and one with its verdict."""
+    """Run the checks ``names`` (letters of CHECKS); one that raises is recorded and the others still run.
+
+    Args:
+        names: the checks' letters.
+        args: tools/gpu_check.py's parsed options.
+        device: the ``torch.device`` checked.
+        command: the command line, recorded in the result.
+        report: called with a line as each check starts and with its verdict.
+
+    Returns:
+        The JSON: command, machine, PUBLISHED, each check's entry (``ok``, ``wall_s``, its figures, or
+        its error and traceback) and ``ok`` when all are.
+    """
     result = dict(command=command, machine=machine_record(device), published=PUBLISHED, checks={})
     for name in names:
         report(f"gpu_check: ({name}) {CHECKS[name].__name__} ...")

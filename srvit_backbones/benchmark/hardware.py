@@ -1,13 +1,11 @@
-"""What a figure was measured on (the machine record of every JSON) and what the GPU could
-have done (the dense peak behind MFU)."""
+"""The machine record of every JSON, and the GPUs' dense peaks behind MFU."""
 import os
 import platform
 import subprocess
 
 import torch
 
-#: dense fp16 / bf16 tensor-core peak without sparsity, TFLOP/s (NVIDIA datasheets; SXM parts),
-#: matched in this order against torch.cuda.get_device_name: MFU's denominator
+#: dense fp16 / bf16 peak TFLOP/s (NVIDIA datasheets, SXM), matched in order against the GPU's name
 PEAK_TFLOPS = (("H100 PCIe", 756), ("H200", 989), ("H100", 989), ("A100", 312), ("L40S", 362), ("L4", 121),
                ("A10", 125), ("V100", 125))
 
@@ -18,7 +16,8 @@ def peak_tflops(gpu_name):
 
 
 def model_flops_utilisation(img_per_s, gmacs, gpu_name):
-    """Achieved TFLOP/s (a multiply-add is two FLOPs) and its fraction of the GPU's peak."""
+    """Achieved TFLOP/s (2 FLOPs a multiply-add) at ``img_per_s`` and ``gmacs`` per image, and its
+    fraction of ``gpu_name``'s peak (``mfu``; None for a GPU not in PEAK_TFLOPS)."""
     achieved = 2 * gmacs * img_per_s / 1e3
     peak = peak_tflops(gpu_name)
     return dict(gmacs=gmacs, achieved_tflops=achieved, peak_tflops=peak or "unknown",

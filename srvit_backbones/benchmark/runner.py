@@ -1,70 +1,20 @@
-"""Speed and memory of SR-ViT against timm's ViT of the same width and depth = D_eff (the
-physical reference: same number of block applications) and timm's DeiT-S / DeiT-B; of
-variants of one SR-ViT side by side; of whole Mask R-CNN training steps; compiled against
-eager; and of the relative-position attention kernels.
+"""tools/benchmark.py: speed and peak memory of SR-ViT against its anchors (``vit_same_depth``:
+timm's ViT of depth D_eff; ``vitdet_same_depth``: detectron2's ViTDet of the same applications)
+and timm models, of ``--variant``s side by side, of whole detectron2 steps (``--detector``), with
+``--amp`` / ``--compile`` paired against fp32 / eager, and of the relative-position attention
+kernels (``--attention``). All models of a mode are timed in interleaved rounds in one process
+(paired per-round ratios with a bootstrap 95% interval); peak memory in a process per model.
+docs/tools.md and docs/performance.md describe each mode and how it measures.
 
     python tools/benchmark.py --model srvit_s_t3 --size 224 --batch-size 8
     python tools/benchmark.py --model srvit_s_t4 --size 1024 --batch-size 1 --modes train \\
         --grad-checkpointing both --references --json docs/bench_s_t4_1024.json
-    python tools/benchmark.py --model srvit_s_t3 --size 1024 --batch-size 1 --references \\
-        --variant global: --variant win:window_size=14,use_rel_pos=True
     python tools/benchmark.py --model srvit_s_t3 --size 1024 --batch-size 2 --amp --references \\
         vit_same_depth vitdet_same_depth --variant global: --variant win:window_size=14,use_rel_pos=True
-    python tools/benchmark.py --detector mask_rcnn_srvit_s_t3.py mask_rcnn_deit_s.py --batch-size 1
-    python tools/benchmark.py --detector reference/mask_rcnn_vitdet_b.py mask_rcnn_srvit_s_t3_win.py \\
-        --batch-size 1 --amp
-    python tools/benchmark.py --attention --size 1024 --batch-size 2
-    python tools/benchmark.py --model srvit_s_t3 --modes infer --references --amp both
-    python tools/benchmark.py --model srvit_s_t3 --references --compile both
     python tools/benchmark.py --detector reference/mask_rcnn_vitdet_b.py mask_rcnn_srvit_s_t3_win.py \\
         --batch-size 1 --amp --compile both
-
-References: ``vit_same_depth`` is timm's ViT of the model's width and depth = D_eff (the
-physical reference of global attention); ``vitdet_same_depth`` is detectron2's own ViTDet ``ViT``
-with the first windowed variant's width, heads, depth = D_eff, window size and global
-applications, relative positions on (the physical reference of the windowed variants).
-Attention mode (``--attention``): the relative-position attention kernels one by one
-(``srvit_backbones.models.rel_pos.KERNELS`` and the default choice) beside flash attention
-without a bias and detectron2's formula, for the global grid of ``--size`` and its 14x14
-windows: the forward and the training step (forward + backward) timed apart, each beside its
-kernel launches per call, what a training step keeps for the backward, GPU peak memory, and
-each output's and gradient's error against detectron2's formula; a kernel that fails is a row
-with its error.
-Variants: ``--variant NAME:key=value,...`` builds ``--model`` with those core (``SRViT``)
-arguments, values read as Python literals (``global_attn_indexes=(0, 31)``); several
-``--variant`` run interleaved and each is compared with the first, with its parameter count.
-Detector mode (``--detector CONFIG ...``): each detectron2 LazyConfig is built as
-tools/train_net.py builds it (``srvit_backbones.detectron2.training``: the config's model and
-optimizer) and steps on a synthetic batch at the config's input size
-(``model.backbone.square_pad``): images with a few boxes and polygon masks, as the COCO mapper
-yields them. A training step is forward, backward and optimizer step; ``--grad-checkpointing``
-sets the backbone's ``use_act_checkpoint``. ``--amp`` is ``srvit_backbones.amp``'s autocast
-(fp16 on CUDA, bf16 on a CPU with native bf16, a clear error on one without); ``--amp both``
-interleaves it with fp32. No loss scaling: the steps are timed, not trained to convergence.
-``--compile`` times ``torch.compile(model, backend=--compile-backend)`` (inductor by default);
-with ``--detector``, each config's backbone alone, compiled by its switch as a user compiles it
-(``model.backbone.net.compile``; the ViTDet reference's ``ViT`` by torch's ``Module.compile``),
-the heads eager. ``--compile both`` pairs each model with its eager run. A compiled model's first step compiles
-it: it is timed on its own before the ``--warmup`` steps (``first_step_s``; ``compile_s`` =
-that minus the median step), and its row records the graph breaks and graphs dynamo made in
-it and the warm-up (``graph_breaks``, ``graph_break_reasons``, ``graphs``) and inductor's FX
-graph cache hits and misses (a warm cache from an earlier run shortens ``compile_s``).
-
-Timing: all models of a mode are built in one process and warmed up; then the timed
-repeats are interleaved: in every round each model runs one step in turn, in alternating
-order (A B C, C B A, ...). Compared models are timed seconds apart and share one allocator
-and one set of threads, so a machine whose speed drifts (shared VMs, GPU clocks) shifts them
-alike; per-round paired time ratios are reported with a bootstrap 95% interval. (Separate
-processes per model were tried first: on a shared 2-core VM they differed systematically by
-more than 5%, more than the differences being measured.)
-On Linux/glibc the timing process keeps freed memory (see ``keep_freed_memory``): otherwise
-a step's activations can be handed back to the kernel and faulted in again, which costs time
-and scatters it.
-Peak memory: after the timing, each model in a process of its own, forked from a server that
-imported torch once (``memory_processes``; CPU: growth of the peak resident set from the job's
-start, parameters and optimizer state included; GPU: max allocated), so the figure is that
-model's alone.
-The table shows medians and spreads (min-max); --json writes every repeat and the command.
+    python tools/benchmark.py --attention --size 1024 --batch-size 2
+    python tools/benchmark.py --model srvit_s_t3 --references --compile both
 """
 import argparse
 import collections
@@ -93,6 +43,7 @@ from .timing import Timer, keep_freed_memory, minor_page_faults, paired_ratios, 
 SUBJECTS = ("srvit", "detectron2")  # what is measured; the other kinds are references
 SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # torch.compile backends --compile-backend takes
+SWITCH = {"off": [False], "on": [True], "both": [False, True]}  # --grad-checkpointing, --amp, --compile
 
 
 # ---------------------------------------------------------------- one job: its model and step
@@ -116,27 +67,24 @@ def build_job(job, args, device):
 
 @contextlib.contextmanager
 def compile_record():
-    """What dynamo and inductor did inside the block: graph breaks (count, and each reason's first
-    300 characters), graphs made, FX graph cache hits and misses. Yields the dict it fills."""
+    """Yields a dict it fills with what dynamo and inductor did inside the block: graph breaks (and
+    their reasons), graphs made, FX graph cache hits and misses."""
     from torch._dynamo.utils import counters
 
     def snapshot():
         return (collections.Counter(counters["graph_break"]), counters["stats"]["unique_graphs"],
                 counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"])
 
-    record = {}
-    breaks, graphs, hits, misses = snapshot()
+    record, before = {}, snapshot()
     yield record
-    breaks_after, graphs_after, hits_after, misses_after = snapshot()
-    new = breaks_after - breaks
+    new, graphs, hits, misses = (after - earlier for after, earlier in zip(snapshot(), before))
     record.update(graph_breaks=sum(new.values()), graph_break_reasons=[" ".join(r.split())[:300] for r in new],
-                  graphs=graphs_after - graphs, fx_graph_cache=dict(hits=hits_after - hits, misses=misses_after - misses))
+                  graphs=graphs, fx_graph_cache=dict(hits=hits, misses=misses))
 
 
 def time_interleaved(jobs, args, device):
-    """Build every job's model in this process and warm each up (a compiled model's first,
-    compiling step timed on its own before); then run ``args.repeats`` rounds of one step per
-    model, alternating the order every round (A B C, C B A, ...)."""
+    """Build and warm up every job (a compiled one's first step timed apart), then time
+    ``args.repeats`` rounds of one step per job in alternating order; the jobs' rows."""
     if any(job.get("compiled") for job in jobs):
         torch._dynamo.reset()  # compile afresh: no graphs, guards or recompilations of an earlier run
     steps, extras, timers = [], [], []
@@ -179,8 +127,7 @@ def time_interleaved(jobs, args, device):
 
 # ---------------------------------------------------------------- peak memory, one process per job
 def peak_memory_process(job, args, results):
-    """In a process of its own: build, run two steps (the second one with the optimizer state
-    that the first created), send the growth of the peak memory (or the error) to ``results``."""
+    """In a process of its own: two steps of the job; sends their peak memory (or the error) to ``results``."""
     try:
         device = torch.device(args.device)
         rss_before = peak_rss_mib()
@@ -199,11 +146,8 @@ def peak_memory_process(job, args, results):
 
 
 def memory_processes():
-    """Where the peak-memory processes come from: forked from a server process that imported this
-    module (torch) once and ran nothing else (multiprocessing's forkserver), so that a job pays no
-    import; not forked from the timing process, whose children would start with its CUDA context,
-    its allocator settings and its freed but resident memory. A new interpreter each where the
-    platform has no fork (Windows)."""
+    """The peak-memory processes' context: forkserver (torch imported once; not forked from the timing
+    process, its CUDA context and allocator), spawn where the platform has no fork."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
@@ -228,7 +172,7 @@ def measure_peak_memory(job, args):
 
 
 def release_device_memory(device):
-    """What the timing process held on the GPU handed back before the memory processes start."""
+    """Hand back what the timing process held on the GPU before the memory processes start."""
     gc.collect()
     if device.type == "cuda":
         torch._dynamo.reset()  # compiled code keeps its model alive
@@ -256,9 +200,8 @@ def _deff(name):
 
 
 def paired_ratio(a, b):
-    """Time ratio a/b of two rows from their per-round ratios (``paired_ratios``), the ratio of
-    the best (minimum) times, which estimates the undisturbed cost when interference only ever
-    slows a step down, and the rows' peak memory ratio and parameter difference."""
+    """Rows a / b: their paired time ratios, the ratio of their best times, of their peak memory
+    and their parameter difference."""
     return dict(a=label(a), b=label(b), **paired_ratios(a["times_s"], b["times_s"]),
                 best_ratio=a["min_s"] / b["min_s"],
                 peak_ratio=a["peak_mib"] / b["peak_mib"] if a["peak_mib"] and b["peak_mib"] else None,
@@ -270,10 +213,8 @@ def model_key(row):
 
 
 def comparisons(rows):
-    """Within one mode: every measured model (SR-ViT variant or detector config) against every
-    reference and against the first measured model, at equal checkpointing, precision and
-    compilation; and each measured model with checkpointing against itself without, with
-    autocast against itself in fp32, compiled against itself eager."""
+    """Within a mode, each measured model against every reference and the first measured model (alike
+    otherwise), and against itself without checkpointing, autocast or compilation."""
     subjects = [r for r in rows if r["kind"] in SUBJECTS]
     first = model_key(subjects[0]) if subjects else None
     out = []
@@ -281,14 +222,10 @@ def comparisons(rows):
         for b in rows:
             if b is a or b["mode"] != a["mode"]:
                 continue
-            same_ckpt, same_amp = a["grad_checkpointing"] == b["grad_checkpointing"], a["amp"] == b["amp"]
-            same_compile = a.get("compiled") == b.get("compiled")
-            if model_key(b) == model_key(a):
-                if (same_amp and same_compile and a["grad_checkpointing"] and not b["grad_checkpointing"]) or \
-                        (same_ckpt and same_compile and a["amp"] and not b["amp"]) or \
-                        (same_ckpt and same_amp and a.get("compiled") and not b.get("compiled")):
-                    out.append(paired_ratio(a, b))
-            elif same_ckpt and same_amp and same_compile and (b["kind"] not in SUBJECTS or model_key(b) == first):
+            differ = [(bool(a.get(k)), bool(b.get(k))) for k in ("grad_checkpointing", "amp", "compiled")
+                      if bool(a.get(k)) != bool(b.get(k))]  # the switches a and b differ in
+            if (differ == [(True, False)]) if model_key(b) == model_key(a) else \
+                    (not differ and (b["kind"] not in SUBJECTS or model_key(b) == first)):
                 out.append(paired_ratio(a, b))
     return out
 
@@ -322,36 +259,30 @@ def parse_args(argv=None):
                    help="--model with these core arguments (Python literals); repeat to compare, the first is "
                         "the baseline; e.g. --variant global: --variant win:window_size=14,use_rel_pos=True")
     p.add_argument("--detector", nargs="+", metavar="CONFIG",
-                   help="time whole detectron2 steps of these LazyConfigs (paths or shipped names) instead of "
-                        "backbones, at each config's input size (--model, --variant, --references, --size unused)")
+                   help="time whole detectron2 steps of these LazyConfigs (paths or shipped names) at their input size")
     p.add_argument("--detector-opts", nargs="*", default=[], metavar="KEY=VALUE",
                    help="overrides applied to every --detector config, as tools/train_net.py takes them")
     p.add_argument("--size", type=int, default=224, help="224 (classification), 512 (seg), 1024 (det)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--modes", nargs="+", default=["infer", "train"], choices=["infer", "train"])
-    p.add_argument("--grad-checkpointing", choices=["off", "on", "both"], default="off",
-                   help="activation checkpointing in the training step")
+    p.add_argument("--grad-checkpointing", choices=list(SWITCH), default="off", help="in the training step")
     p.add_argument("--references", nargs="*", default=[REFERENCE_SAME_DEPTH, "deit_small_patch16_224",
                                                         "deit_base_patch16_224"],
-                   help=f"{REFERENCE_SAME_DEPTH}, {REFERENCE_VITDET} (the windowed variants' reference; needs "
-                        f"detectron2) and/or timm model names; empty: SR-ViT alone")
+                   help=f"{REFERENCE_SAME_DEPTH}, {REFERENCE_VITDET} (needs detectron2 and a windowed --variant) "
+                        "and/or timm models; none: SR-ViT alone")
     p.add_argument("--attention", action="store_true",
-                   help="time the relative-position attention kernels at --size (global grid and 14x14 windows), "
-                        "forward and training step apart, with their launches, against flash attention and "
-                        "detectron2's formula")
+                   help="time the relative-position attention kernels at --size (global grid, 14x14 windows)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per model")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds (one step per model each)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--amp", nargs="?", const="on", default="off", choices=["off", "on", "both"],
+    p.add_argument("--amp", nargs="?", const="on", default="off", choices=list(SWITCH),
                    help="autocast (fp16 on CUDA, bf16 on a CPU with native bf16); 'both': with and without")
-    p.add_argument("--compile", nargs="?", const="on", default="off", choices=["off", "on", "both"],
+    p.add_argument("--compile", nargs="?", const="on", default="off", choices=list(SWITCH),
                    help="torch.compile the models; 'both': compiled and eager, paired")
     p.add_argument("--compile-backend", default="inductor", choices=COMPILE_BACKENDS,
-                   help="torch.compile's backend with --compile (aot_eager / eager: dynamo's graphs and breaks "
-                        "without inductor's code generation, e.g. for a quick check on a CPU)")
+                   help="torch.compile's backend (aot_eager / eager: a quick look without inductor)")
     p.add_argument("--peak-memory", choices=["process", "off"], default="process",
-                   help="each model's peak memory in a process of its own after the timing, or not measured "
-                        "(quicker: no process per model; peak_mib is null)")
+                   help="each model's peak memory in a process of its own after the timing, or not measured")
     p.add_argument("--json", help="write results here")
     p.add_argument("--default-malloc", action="store_true",
                    help="time with the C library's default allocator settings (see keep_freed_memory)")
@@ -359,8 +290,8 @@ def parse_args(argv=None):
 
 
 def check_args(args):
-    """Every problem with the arguments at once, each with what to do (a ``ConfigError``);
-    returns the parsed variants [(name, core arguments)] and the autocast dtype (None without --amp)."""
+    """The parsed variants [(name, core arguments)] and autocast dtype name (None without --amp);
+    a ``ConfigError`` listing every problem with the arguments, each with what to do."""
     errors, variants, dtype = [], [], None
     if args.model not in VARIANTS:
         errors.append(f"unknown --model {args.model!r}; known: {', '.join(VARIANTS)}")
@@ -420,9 +351,7 @@ def check_args(args):
 
 
 def make_jobs(args, variants, dtype, mode):
-    ckpt = {"off": [False], "on": [True], "both": [False, True]}[args.grad_checkpointing]
-    amps = {"off": [False], "on": [True], "both": [False, True]}[args.amp]
-    compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    ckpt, amps, compiles = (SWITCH[v] for v in (args.grad_checkpointing, args.amp, args.compile))
     if args.detector:
         models = [dict(kind="detectron2", name=c, overrides=list(args.detector_opts)) for c in args.detector]
     else:
@@ -436,54 +365,49 @@ def make_jobs(args, variants, dtype, mode):
             for m in models for c in (ckpt if mode == "train" else [False]) for a in amps for compiled in compiles]
 
 
-def command_line(argv):
-    """The command that reproduces this run: the script and its arguments (tools/benchmark.py
-    with ``argv`` when another tool ran the benchmark with them)."""
-    if argv is None:
-        return " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])
-    return " ".join(["tools/benchmark.py"] + list(argv))
-
-
-def write_json(path, result):
-    if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(result, f, indent=2)
-
-
 def main(argv=None):
-    """tools/benchmark.py: parse ``argv``, time, report; returns the result written to --json
-    (``ConfigError`` for arguments that cannot run)."""
+    """tools/benchmark.py: parse ``argv``, time, print the table.
+
+    Returns:
+        The result written to ``--json`` (command, machine, method, rows, comparisons).
+
+    Raises:
+        ConfigError: arguments that cannot run.
+    """
     args = parse_args(argv)
     variants, dtype = check_args(args)
     device = torch.device(args.device)
+    command = " ".join([os.path.relpath(sys.argv[0]), *sys.argv[1:]] if argv is None else ["tools/benchmark.py", *argv])
     if args.attention:
         rows = attention_rows(args.size, args.batch_size, device, args.warmup, args.repeats)
         report_attention(rows)
-        result = dict(command=command_line(argv), rows=rows, machine=machine_record(device))
-        write_json(args.json, result)
-        return result
-    torch.manual_seed(0)
-    malloc = None if args.default_malloc else keep_freed_memory()
-    rows = []
-    for mode in args.modes:
-        jobs = make_jobs(args, variants, dtype, mode)
-        timed = time_interleaved(jobs, args, device)
-        release_device_memory(device)
-        rows += [dict(row, **(measure_peak_memory(job, args) if args.peak_memory == "process"
-                              else dict(peak_mib=None, peak_kind="not measured (--peak-memory off)")))
-                 for job, row in zip(jobs, timed)]
-    ratios = comparisons(rows)
-    report(rows, ratios)
-    machine = dict(machine_record(device), timm=timm.__version__)
-    if args.detector:
-        import detectron2
-        machine["detectron2"] = detectron2.__version__
-    result = dict(command=command_line(argv), machine=machine,
-                  method=dict(time="interleaved rounds in one process", malloc=malloc or "default",
-                              peak_memory="one process per model after the timing, default allocator"
-                              if args.peak_memory == "process" else "not measured (--peak-memory off)",
-                              amp_dtype=dtype),
-                  rows=rows, comparisons=ratios)
-    write_json(args.json, result)
+        result = dict(command=command, rows=rows, machine=machine_record(device))
+    else:
+        torch.manual_seed(0)
+        malloc = None if args.default_malloc else keep_freed_memory()
+        rows = []
+        for mode in args.modes:
+            jobs = make_jobs(args, variants, dtype, mode)
+            timed = time_interleaved(jobs, args, device)
+            release_device_memory(device)
+            rows += [dict(row, **(measure_peak_memory(job, args) if args.peak_memory == "process"
+                                  else dict(peak_mib=None, peak_kind="not measured (--peak-memory off)")))
+                     for job, row in zip(jobs, timed)]
+        ratios = comparisons(rows)
+        report(rows, ratios)
+        machine = dict(machine_record(device), timm=timm.__version__)
+        if args.detector:
+            import detectron2
+            machine["detectron2"] = detectron2.__version__
+        result = dict(command=command, machine=machine,
+                      method=dict(time="interleaved rounds in one process", malloc=malloc or "default",
+                                  peak_memory="one process per model after the timing, default allocator"
+                                  if args.peak_memory == "process" else "not measured (--peak-memory off)",
+                                  amp_dtype=dtype),
+                      rows=rows, comparisons=ratios)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
     return result
+

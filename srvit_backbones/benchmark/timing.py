@@ -1,5 +1,4 @@
-"""Timing and memory: the timer every measurement uses, the paired ratios of interleaved
-rounds, glibc's allocator settings and the process's own peak memory."""
+"""Timing and memory: the timer, paired ratios of interleaved rounds, glibc's allocator, peak memory."""
 import contextlib
 import ctypes
 import random
@@ -20,8 +19,8 @@ def synchronize(device) -> None:
 
 
 class Timer:
-    """Seconds per step, the device synchronised around each, with each step's start time;
-    and (CUDA, ``reset_peak``) the peak memory allocated since the timer was made."""
+    """Seconds per step (``times``), the device synchronised around each, and each step's start
+    (``started``); on CUDA with ``reset_peak``, the peak memory counted from the timer's making."""
 
     def __init__(self, device, reset_peak: bool = True):
         self.device, self.times, self.started = torch.device(device), [], []
@@ -44,8 +43,7 @@ class Timer:
         self.stop()
 
     def summary(self, warmup: int) -> dict:
-        """The median of the steps after ``warmup`` (all of them if there are no more), every
-        step's time, and on CUDA the peak memory in GB."""
+        """The median s/iter after ``warmup`` steps (of all if none is left), every time, CUDA peak GB."""
         timed = self.times[warmup:] or self.times
         out = dict(s_per_iter=statistics.median(timed), times_s=self.times, warmup_steps=warmup)
         if self.device.type == "cuda":
@@ -61,8 +59,7 @@ def train_step(loss: torch.Tensor, optimizer) -> None:
 
 
 def paired_ratios(times_a, times_b) -> dict:
-    """Time ratio a/b from per-round ratios (the same round: measured seconds apart): their
-    median with a bootstrap 95% interval, and their range."""
+    """Time ratio a/b from per-round ratios: their median, bootstrap 95% interval (``ci95``) and range."""
     ratios = [ta / tb for ta, tb in zip(times_a, times_b)]
     rng = random.Random(0)
     medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
@@ -76,15 +73,9 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def keep_freed_memory():
-    """Make glibc malloc keep freed memory for reuse instead of returning it to the kernel.
-
-    By default glibc serves the large activation buffers with mmap (or trims the heap) and
-    unmaps them on free, so a step can fault its activations in again: on the 2-vCPU CI VM a
-    plain inference loop over the depth-32 ViT (224px, batch 8) took ~50k page faults and
-    ~15% system time per step, and in the four-model run DeiT-B faulted 430 MiB every step.
-    This is what PyTorch's CPU performance guide gets from jemalloc/tcmalloc. Returns
-    the settings made, or None where the C library is not glibc (then nothing changes).
-    """
+    """Make glibc malloc keep freed memory instead of unmapping it, so that a step does not fault its
+    activations in again (docs/performance.md). Returns the settings made, or None where the C
+    library is not glibc (nothing changes)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         mallopt = libc.mallopt
@@ -101,8 +92,7 @@ def minor_page_faults() -> int:
 
 
 def peak_rss_mib() -> float:
-    """This process's peak resident set (Linux VmHWM). Not getrusage's ru_maxrss: Linux carries
-    that across exec, so a child started by a large parent would report the parent's peak."""
+    """This process's peak resident set in MiB: VmHWM (ru_maxrss survives exec: a parent's peak)."""
     try:
         with open("/proc/self/status") as f:
             return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024

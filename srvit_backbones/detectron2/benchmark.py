@@ -1,7 +1,5 @@
-"""detectron2's part of the measuring harness (``srvit_backbones.benchmark``): a config's
-detector stepped on synthetic COCO-like images, directly (the benchmark's detector mode) or
-through detectron2's own trainer (the GPU check), and detectron2's ViTDet ``ViT`` as the
-windowed backbones' anchor."""
+"""detectron2's part of the measuring harness: a config's detector stepped on synthetic COCO-like
+images (the benchmark's --detector, the GPU check's trainer) and ViTDet's ``ViT`` as an anchor."""
 import functools
 import itertools
 
@@ -27,11 +25,15 @@ def builds_srvit(net_cfg):
 
 
 def detector_config(config, opts=(), grad_checkpointing=False, compile=None):
-    """(cfg, input size): the config as tools/train_net.py loads it, with ``opts`` (and the
-    backbone's activation checkpointing, and with ``compile``, torch.compile's arguments, an
-    SR-ViT backbone's compile switch ``model.backbone.net.compile``); the size is
-    ``model.backbone.square_pad`` (ViTDet's input), a ValueError naming the fix where the config
-    has none."""
+    """The config as tools/train_net.py loads it, with ``opts``, activation checkpointing and an SR-ViT
+    backbone's ``compile`` switch (torch.compile's arguments).
+
+    Returns:
+        (cfg, input size), the size being ``model.backbone.square_pad``.
+
+    Raises:
+        ValueError: the config has no ``square_pad``, naming the fix.
+    """
     opts = list(opts) + (["model.backbone.net.use_act_checkpoint=True"] if grad_checkpointing else [])
     cfg = load_config(config, opts)
     if compile is not None and "backbone" in cfg.model and builds_srvit(cfg.model.backbone.net):
@@ -45,8 +47,7 @@ def detector_config(config, opts=(), grad_checkpointing=False, compile=None):
 
 
 def synthetic_detection_batch(batch_size, size, seed=0):
-    """Images (drawn with ``seed``) with four instances each (boxes, classes, polygon masks), as
-    detectron2's COCO mapper yields them (uint8 CHW image, ``Instances`` with polygon ``gt_masks``)."""
+    """Images with four instances each (boxes, classes, polygon masks), as detectron2's COCO mapper yields them."""
     g = torch.Generator().manual_seed(seed)
     shapes = [(0.10, 0.10, 0.40, 0.50), (0.50, 0.20, 0.90, 0.60), (0.20, 0.60, 0.50, 0.90), (0.60, 0.65, 0.85, 0.95)]
     batch = []
@@ -63,21 +64,16 @@ def synthetic_detection_batch(batch_size, size, seed=0):
 
 def detector_step(config, opts=(), *, mode="train", batch_size=1, device="cpu", grad_checkpointing=False,
                   amp_dtype=None, compile=None):
-    """(step, model, input size): one inference or training step (forward, backward, the
-    config's optimizer) of the config's model on a synthetic batch at its input size, autocast
-    to ``amp_dtype`` if given (no loss scaling: timed, not trained); the model moves the inputs
-    to its device. With ``compile`` (torch.compile's arguments) the backbone alone is compiled:
-    an SR-ViT one by its switch, another (the ViTDet reference's ``ViT``) by torch's in-place
-    ``Module.compile``, so that both are timed alike."""
+    """(step, model, input size): a function running one ``infer`` or ``train`` step (the config's
+    optimizer, no loss scaling) of the config's model on a synthetic batch, autocast to ``amp_dtype``
+    if given. With ``compile`` the backbone alone is compiled (SR-ViT by its switch, ViTDet's ``ViT``
+    by ``Module.compile``)."""
     cfg, size = detector_config(config, opts, grad_checkpointing, compile)
     model = build_model(cfg, device)
     if compile is not None and not isinstance(model.backbone.net, SRViTBackbone):
         model.backbone.net.compile(**compile)
     batch = synthetic_detection_batch(batch_size, size)
-
-    def amp():
-        return autocast(str(device), amp_dtype is not None, amp_dtype)
-
+    amp = functools.partial(autocast, str(device), amp_dtype is not None, amp_dtype)
     if mode == "infer":
         model.eval()
         images = [{k: v for k, v in x.items() if k != "instances"} for x in batch]
@@ -97,10 +93,8 @@ def detector_step(config, opts=(), *, mode="train", batch_size=1, device="cpu", 
 
 
 def trainer_steps(config, opts=(), *, images=1, warmup=1, steps=1):
-    """``warmup + steps`` iterations of the trainer tools/train_net.py builds for the config
-    (``training.build_trainer``: detectron2's AMPTrainer on ``train.device`` where
-    ``train.amp.enabled``), over one synthetic batch at the config's input size: s/iter, peak
-    memory, loss, autocast dtype, grad scale."""
+    """``Detectron2Adapter.time_training``: ``warmup + steps`` iterations of the trainer tools/train_net.py
+    builds (AMPTrainer where ``train.amp.enabled``) on a synthetic batch; the check's row."""
     cfg, size = detector_config(config, opts)
     model = build_model(cfg)
     trainer = build_trainer(cfg, model, itertools.repeat(synthetic_detection_batch(images, size)),
@@ -135,8 +129,7 @@ class LastFeature(torch.nn.Module):
 
 
 def vitdet_same_depth(model, size, grad_ckpt):
-    """detectron2's ViTDet ``ViT`` applying as many blocks as ``model`` (an SR-ViT) does, of its
-    width and heads, windowed and global where its applications are, relative positions on."""
+    """ViTDet's ``ViT`` with ``model``'s (an SR-ViT's) width, heads, applications and windows, rel-pos on."""
     depth = model.effective_depth
     return LastFeature(ViT(
         img_size=size, patch_size=16, embed_dim=model.embed_dim, depth=depth,

@@ -1,6 +1,4 @@
-"""mmseg's part of the measuring harness (``srvit_backbones.benchmark``): a config's segmentor
-with the optim wrapper a GPU user trains it with, stepped and timed (the GPU check's (b),
-``MMSegAdapter.time_training``), and synthetic ADE20K-like batches."""
+"""mmseg's part of the measuring harness: a segmentor's training steps timed (the GPU check's (b))."""
 import torch
 from mmengine.config import Config
 from mmengine.optim import AmpOptimWrapper, build_optim_wrapper
@@ -16,8 +14,7 @@ from . import SRViTBackbone  # noqa: F401  (registers the backbone)
 
 
 def synthetic_segmentation_batch(images, size, classes=150):
-    """(inputs, data samples) as mmseg's ADE20K pipeline yields them: uint8 CHW images and
-    ``SegDataSample``s with a random label map of ``classes`` classes."""
+    """(inputs, data samples) as mmseg's ADE20K pipeline yields them, with random label maps."""
     g = torch.Generator().manual_seed(0)
     inputs, samples = [], []
     for _ in range(images):
@@ -28,13 +25,10 @@ def synthetic_segmentation_batch(images, size, classes=150):
     return inputs, samples
 
 
-def segmentor_step(config, size, images, device):
-    """(step, optim wrapper): one training step of an mmseg config's segmentor (``train_step``
-    through its optim wrapper) on ``images`` synthetic images at ``size``, without the config's
-    pretrained file (the step, not the accuracy), through mmengine's ``AmpOptimWrapper`` with a
-    dynamic loss scale on CUDA (what a GPU user switches on, ``--amp``: fp16), in fp32 elsewhere,
-    on the CPU with plain BN (SyncBN needs CUDA). The step returns the step's log (``loss`` and
-    its parts)."""
+def segmentor_steps(config, size, images, device, warmup=1, steps=1):
+    """``MMSegAdapter.time_training``: ``warmup + steps`` training steps of the config's segmentor on
+    synthetic images, without its pretrained file, through mmengine's ``AmpOptimWrapper`` (dynamic
+    loss scale) on CUDA, elsewhere in fp32 with plain BN; the check's row."""
     cfg = Config.fromfile(resolve_config("mmseg", config))
     cfg.model.data_preprocessor.size = (size, size)
     cfg.model.backbone.img_size = (size, size)
@@ -50,21 +44,10 @@ def segmentor_step(config, size, images, device):
         model.train()
         wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     inputs, samples = synthetic_segmentation_batch(images, size)
-
-    def step():
-        with DefaultScope.overwrite_default_scope("mmseg"):
-            return model.train_step(dict(inputs=inputs, data_samples=samples), wrapper)
-    return step, wrapper
-
-
-def segmentor_steps(config, size, images, device, warmup=1, steps=1):
-    """``warmup + steps`` steps of ``segmentor_step`` (AmpOptimWrapper on CUDA): the GPU check's
-    row of s/iter, peak memory, loss, autocast dtype and loss scale."""
-    step, wrapper = segmentor_step(config, size, images, device)
     timer = Timer(device)
     for _ in range(warmup + steps):
-        with timer.step():
-            log = step()
+        with timer.step(), DefaultScope.overwrite_default_scope("mmseg"):
+            log = model.train_step(dict(inputs=inputs, data_samples=samples), wrapper)
     amp = isinstance(wrapper, AmpOptimWrapper)  # its cast_dtype None is autocast's own: fp16 on CUDA
     scale = wrapper.loss_scaler.get_scale() if amp else None
     dtype = (wrapper.cast_dtype or torch.get_autocast_dtype("cuda")) if amp else None
