@@ -1,6 +1,5 @@
-"""detectron2's ``DefaultPredictor`` for the LazyConfigs of ``detectron2_configs/`` (it reads
-yacs configs only), with what ``tools/demo.py`` adds: a checkpoint loaded only when it fits the
-model entirely, and mixed precision (bf16 on a CPU with native bf16)."""
+"""detectron2's ``DefaultPredictor`` for LazyConfigs (it reads yacs configs only), loading a
+checkpoint only when it fits the model entirely, with mixed precision."""
 from typing import Mapping
 
 import torch
@@ -14,8 +13,7 @@ from ..checkpoint import require_fit
 
 
 class _TestAugmentations:
-    """The config's test-time augmentations behind the one ``get_transform(image)`` that
-    ``DefaultPredictor`` calls on its resize."""
+    """The config's test-time augmentations as the ``get_transform(image)`` ``DefaultPredictor`` calls."""
 
     def __init__(self, augmentations):
         self.augmentations = T.AugmentationList(augmentations)
@@ -25,21 +23,16 @@ class _TestAugmentations:
 
 
 class LazyConfigPredictor(DefaultPredictor):
-    """Args:
-        cfg: a LazyConfig: its model, its test mapper's augmentations and image format, its
-            test dataset's metadata (``self.metadata``, for detectron2's ``Visualizer``).
-        weights: a trained model's state dict (``model_final.pth``'s ``"model"``), loaded only
-            when every tensor fits (``srvit_backbones.checkpoint.require_fit``).
-        device: where the model runs.
-        amp: mixed precision (``srvit_backbones.amp``: fp16 on CUDA, bf16 on the CPU).
-        source: how messages name the checkpoint.
+    """Called as ``DefaultPredictor`` (on a BGR image); the instances come back float32 on the CPU.
 
-    Called as ``DefaultPredictor``, on a BGR image; returns the model's outputs with the
-    instances float32 on the CPU, whatever the precision they were computed in."""
+    Args:
+        cfg: a LazyConfig: its model, test mapper and test dataset's metadata (``self.metadata``).
+        weights: a trained model's state dict, loaded only when every tensor fits (``require_fit``).
+        device, amp: where the model runs, and in mixed precision.
+        source: how messages name the checkpoint."""
 
     def __init__(self, cfg, weights: Mapping[str, torch.Tensor], device: str = "cpu", amp: bool = False,
                  source: str = "the checkpoint"):
-        # what DefaultPredictor.__init__ takes from a yacs config, taken from the LazyConfig
         self.cfg = CfgNode({"MODEL": {"DEVICE": device}})  # DefaultPredictor.__call__ reads it
         self.model = instantiate(cfg.model).to(device).eval()
         require_fit(weights, self.model, source, "the detectron2 config's model")

@@ -1,6 +1,4 @@
-"""An mmseg segmentor's parameters and FLOPs, whole, in the paper's convention (tools/count_flops.py
---task segmentation, Table 4; ``MMSegAdapter.count_flops``): see ``srvit_backbones.flops_table``."""
-import copy
+"""An mmseg segmentor's Table 4 row (tools/count_flops.py, ``MMSegAdapter.count_flops``)."""
 
 import torch
 import torch.nn as nn
@@ -26,10 +24,8 @@ class _Units(nn.Module):
 
 
 def count_segmentor(path: str, counted: Counted, plain: bool = False) -> dict:
-    """The Table 4 row of the mmseg config ``path``: the whole UPerNet (mmseg's ``mode='tensor'``
-    forward: backbone, neck, decode head) on a crop-sized image, and the backbone units it prunes,
-    taken from a build of the same backbone that returns the last unit too (on the meta device
-    unless ``plain``: its blocks are counted as the held ones are, by ``BlockApplications``)."""
+    """The Table 4 row of the mmseg config ``path``: the segmentor's tensor forward on a crop-sized
+    image, plus the backbone units it prunes (built on the meta device unless ``plain``)."""
     register_all_modules()
     cfg = Config.fromfile(path)
     h, w = cfg.crop_size
@@ -39,9 +35,8 @@ def count_segmentor(path: str, counted: Counted, plain: bool = False) -> dict:
     if plain:
         run = count_flops(model, (x,), plain=True)
     else:
-        heads = copy.deepcopy(cfg.model)
-        heads.pop("backbone")
-        run = attention_split(count_parts(model, (x,), "backbone", x, repr(heads.to_dict()), counted))[0]
+        heads = repr({k: v for k, v in cfg.model.to_dict().items() if k != "backbone"})
+        run = attention_split(count_parts(model, (x,), "backbone", x, heads, counted))[0]
     held = model.backbone.srvit
     with torch.device("cpu" if plain else "meta"):
         whole = MODELS.build(dict(cfg.model.backbone, out_indices=[*model.backbone.out_indices, -1])).srvit
