@@ -18,8 +18,9 @@ from .errors import CheckpointError, ConfigError, InputError
 
 class Demo:
     """What ``run_demo`` asks of a framework's predictor. ``raw_output`` says what ``--save-raw``
-    writes: ``"records"``: ``OUTPUT/predictions.json``, every image's ``records`` (COCO results);
-    ``"label_maps"``: ``OUTPUT/labels/NAME.png``, each image's ``label_map``."""
+    writes: ``"records"``: ``OUTPUT/predictions.json``, every image's ``records(prediction, image_id,
+    file_name)`` (COCO results); ``"label_maps"``: ``OUTPUT/labels/NAME.png``, each image's
+    ``label_map(prediction)`` (the (H, W) class index of every pixel)."""
 
     raw_output = "records"
 
@@ -34,14 +35,6 @@ class Demo:
     def empty_message(self) -> str:
         """What a picture with nothing drawn says."""
         return ""
-
-    def records(self, prediction, image_id: int, file_name: str) -> List[dict]:
-        """``prediction``'s entries of predictions.json."""
-        raise NotImplementedError(f"{type(self).__name__} saves no records")
-
-    def label_map(self, prediction) -> np.ndarray:
-        """The (H, W) class index of every pixel of ``prediction``."""
-        raise NotImplementedError(f"{type(self).__name__} saves no label maps")
 
 
 class DetectionDemo(Demo):

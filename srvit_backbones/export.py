@@ -1,10 +1,7 @@
-"""ONNX export of the dense SR-ViT backbone, checked against PyTorch with ONNX Runtime.
-
-The graph is the ``features_only`` backbone (outputs ``unit{i}``), exported by
-``torch.onnx.export(dynamo=True)`` with dynamic batch, height and width (multiples of the patch
-size); global attention without relative positions only (windows and relative positions fix the
-input size). Always fp32: ``--amp`` adds to the check the PyTorch model under bf16 autocast (CPU).
-Needs ``pip install -e .[deploy]`` (onnx, onnxscript, onnxruntime).
+"""ONNX export of the dense SR-ViT backbone (its ``features_only`` outputs ``unit{i}``), by
+``torch.onnx.export(dynamo=True)`` with dynamic batch, height and width (multiples of the patch size),
+checked against PyTorch with ONNX Runtime. Global attention without relative positions only; the graph
+is fp32 (``--amp`` adds bf16 autocast to the check). Needs ``pip install -e .[deploy]``.
 """
 import argparse
 import ast
@@ -22,7 +19,6 @@ from .models.rules import split_pos_embed
 
 #: constructor arguments that the tool sets itself (options of their own)
 RESERVED = ("features_only", "img_size", "out_indices", "num_classes", "pretrained")
-DEFAULT_CHECK_SIZES = ((224, 224), (192, 320))
 
 
 class ExportError(SRViTError, RuntimeError):
@@ -47,9 +43,8 @@ def table_img_size(checkpoint: Mapping[str, Any], patch_size: int = 16) -> Optio
 def build_backbone(variant: str, checkpoint: Optional[Mapping[str, Any]] = None, img_size: Optional[int] = None,
                    out_indices: Optional[Sequence[int]] = None,
                    overrides: Optional[Dict[str, Any]] = None) -> Tuple[nn.Module, Optional[LoadReport]]:
-    """(the ``features_only`` backbone of ``variant`` in eval mode with the weights of ``checkpoint``
-    (None: random) and its position table at the checkpoint's size unless ``img_size`` is given,
-    the ``LoadReport``: None without a checkpoint).
+    """(the ``features_only`` backbone in eval mode with the weights of ``checkpoint`` (None: random),
+    its position table at the checkpoint's size unless ``img_size`` is given; the ``LoadReport``).
 
     Raises:
         ExportError: ``overrides`` set a reserved argument, or the model has windows / relative positions."""
@@ -92,10 +87,9 @@ def export_onnx(backbone: nn.Module, path: str, opset: int = 18) -> None:
 
 def check_onnx(path: str, backbone: nn.Module, sizes: Sequence[Tuple[int, int]], atol: float = 1e-4,
                rtol: float = 1e-4, seed: int = 0, amp: bool = False) -> List[Dict[str, Any]]:
-    """Run the ONNX file with ONNX Runtime (CPU) and ``backbone`` on the same random images at each
-    size (batch 1, then 2, ...). Returns a row per size: the largest absolute difference, and whether
-    each output's is within ``atol + rtol * max|torch|`` (relative to the output's largest value: deep
-    features span orders of magnitude); with ``amp`` also bf16 autocast's difference, not held to it.
+    """Run the ONNX file (ONNX Runtime, CPU) and ``backbone`` on random images at each size (batch 1,
+    2, ...). Returns a row per size: the largest absolute difference, whether each output's is within
+    ``atol + rtol * max|torch|``; with ``amp`` also bf16 autocast's difference, not held to it.
 
     Raises:
         ExportError: the file has other outputs or shapes than ``backbone``."""
@@ -167,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", dest="overrides", type=parse_override, nargs="+", default=[], metavar="KEY=VALUE",
                         help="model arguments, as for timm.create_model (e.g. num_steps=4 embed_dim=32)")
     parser.add_argument("--opset", type=int, default=18, help="ONNX opset (default 18)")
-    parser.add_argument("--check-sizes", type=parse_size, nargs=2, default=list(DEFAULT_CHECK_SIZES),
+    parser.add_argument("--check-sizes", type=parse_size, nargs=2, default=[(224, 224), (192, 320)],
                         metavar="HxW", help="the two input sizes checked with ONNX Runtime (default 224x224 192x320)")
     parser.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of the check")
     parser.add_argument("--rtol", type=float, default=1e-4,

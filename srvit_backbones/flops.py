@@ -154,9 +154,10 @@ def count_flops_by_operator(model: nn.Module, inputs: Any, analysis: Callable = 
     return rest + blocks.by_operator()
 
 
-def count_flops(model: nn.Module, inputs: Tuple[torch.Tensor, ...], plain: bool = False) -> int:
+def count_flops(model: nn.Module, inputs: Tuple[torch.Tensor, ...], plain: bool = False,
+                traced: Optional[Dict[Hashable, Counter]] = None) -> int:
     """Total FLOPs (multiply-adds) of ``model(*inputs)`` in eval mode, via fvcore."""
-    return attention_split(count_flops_by_operator(model, inputs, plain=plain))[0]
+    return attention_split(count_flops_by_operator(model, inputs, plain=plain, traced=traced))[0]
 
 
 @dataclass

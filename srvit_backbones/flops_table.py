@@ -1,10 +1,9 @@
-"""The rows of tools/count_flops.py: Table 2 (classification: fvcore multiply-adds, attention
-included) and Table 4 (a whole detector at 1024x1024, a segmentor at its 512x512 crop). A Table 4
-row has ``gflops`` in the paper's convention (detection: multiply-adds without the fused attention;
-segmentation: 2x multiply-adds with the unused last backbone block), ``gflops_run`` that convention
-for what the shipped model runs, ``gflops_full`` the multiply-adds a forward pass costs; ``params_m``
-the paper's, ``params_m_run`` what the model holds. A detector's mask head is not counted (the box
-predictors' score threshold is set above 1). See docs/detectron2.md and docs/mmseg.md.
+"""The rows of tools/count_flops.py: Table 2 (classification: multiply-adds, attention included) and
+Table 4 (a detector at 1024x1024, a segmentor at its 512x512 crop): ``gflops`` in the paper's convention
+(detection: multiply-adds without the fused attention; segmentation: 2x multiply-adds with the unused
+last block), ``gflops_run`` that convention for what the shipped model runs, ``gflops_full`` the
+multiply-adds a forward pass costs; ``params_m`` the paper's, ``params_m_run`` held. A detector's mask
+head is not counted. See docs/detectron2.md and docs/mmseg.md.
 """
 import os
 from typing import Dict, List, Sequence, Tuple

@@ -13,10 +13,6 @@ from .errors import InputError
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 
 
-def is_image(path: str) -> bool:
-    return path.lower().endswith(IMAGE_EXTENSIONS)
-
-
 def find_images(inputs: Sequence[str], recursive: bool = True) -> List[str]:
     """Sorted absolute paths of the images that ``inputs`` name: files, folders' images (subfolders
     too when ``recursive``), glob patterns' images.
@@ -25,18 +21,17 @@ def find_images(inputs: Sequence[str], recursive: bool = True) -> List[str]:
         InputError: an input does not exist, or none is an image."""
     found = []
     for item in inputs:
-        if os.path.isdir(item):
-            if recursive:
-                found += [os.path.join(folder, name) for folder, _, names in os.walk(item) for name in names
-                          if is_image(name)]
-            else:
-                found += [entry.path for entry in os.scandir(item) if entry.is_file() and is_image(entry.name)]
-        elif os.path.isfile(item):
+        if os.path.isfile(item):
             found.append(item)
+            continue
+        if os.path.isdir(item):
+            listed = ([os.path.join(folder, name) for folder, _, names in os.walk(item) for name in names]
+                      if recursive else [entry.path for entry in os.scandir(item) if entry.is_file()])
         elif glob.has_magic(item):
-            found += [p for p in glob.glob(item, recursive=True) if is_image(p) and os.path.isfile(p)]
+            listed = [p for p in glob.glob(item, recursive=True) if os.path.isfile(p)]
         else:
             raise InputError(f"--input {item!r} does not exist: give image files, folders of images or globs")
+        found += [p for p in listed if p.lower().endswith(IMAGE_EXTENSIONS)]
     found = sorted(set(os.path.abspath(p) for p in found))
     if not found:
         raise InputError(f"no images found in --input {' '.join(inputs)} (looked for files ending in "

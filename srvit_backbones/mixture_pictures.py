@@ -27,14 +27,12 @@ Stats = Dict[int, Dict[str, torch.Tensor]]
 def build_model(variant: str, overrides: Sequence[Tuple[str, object]] = (), checkpoint: str = "", ema: bool = False,
                 size: int = 224, amp: bool = False,
                 device: str = "cpu") -> Tuple[torch.nn.Module, List[int], Optional[LoadReport]]:
-    """(the variant with the checkpoint's weights (backbone found inside a pretraining, detectron2 or
-    mmseg checkpoint; none: random) and position table, cut after its last routed unit, its routed
-    units, the ``LoadReport``: None for a random model).
+    """(the variant with the weights and position table of ``checkpoint`` (pretraining, detectron2 or
+    mmseg; none: random), cut after its last routed unit; its routed units; the ``LoadReport``).
 
     Raises:
         CheckpointError: a file that is no checkpoint, or one that does not fit (another width or T).
-        ConfigError: a reserved argument, no router, ``size`` not a multiple of the patch size,
-            ``amp`` where the device has none."""
+        ConfigError: a reserved argument, no router, ``size`` not a multiple of the patch size, no amp."""
     check_device(device, amp)
     overrides = dict(overrides)
     reserved = sorted(set(overrides) & set(RESERVED))

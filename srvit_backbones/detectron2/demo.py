@@ -14,8 +14,7 @@ class Detectron2Demo(DetectionDemo):
     """Args:
         cfg: a LazyConfig; its box predictors' test score threshold is set to ``score_threshold``.
         checkpoint: tools/train_net.py's model_final.pth, refused unless it fits the model entirely.
-        device, amp: where the model runs, and in mixed precision.
-        hint: the fix a refused checkpoint's error names."""
+        device, amp, hint: where the model runs, in mixed precision; the fix a refused checkpoint's error names."""
 
     def __init__(self, cfg, checkpoint: str, device: str = "cpu", amp: bool = False, score_threshold: float = 0.5,
                  hint: str = ""):

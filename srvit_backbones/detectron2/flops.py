@@ -2,13 +2,13 @@
 import copy
 
 import torch
-import torch.nn as nn
 from detectron2.config import LazyConfig, instantiate
 from detectron2.utils.analysis import FlopCountAnalysis
 from omegaconf import OmegaConf
 
 from ..flops import Counted, attention_split, count_by_operator, count_params, count_parts, proposals_checked
 from ..flops_table import table_row
+from .demo import set_score_threshold
 
 
 def _proposals(model):
@@ -23,11 +23,8 @@ def count_detector(path: str, counted: Counted, plain: bool = False) -> dict:
     cfg = LazyConfig.load(path)
     side = int(cfg.model.backbone.get("square_pad") or 1024)
     torch.manual_seed(0)
+    set_score_threshold(cfg, 1.01)  # nothing detected: the mask head is not counted
     model = instantiate(cfg.model).eval()
-    predictors = getattr(model.roi_heads, "box_predictor", None)
-    for predictor in predictors if isinstance(predictors, nn.ModuleList) else [predictors]:
-        if hasattr(predictor, "test_score_thresh"):
-            predictor.test_score_thresh = 1.01  # nothing detected: the mask head is not counted
     image = [{"image": torch.zeros(3, side, side)}]
     if plain:
         counts = count_by_operator(model, image, FlopCountAnalysis)

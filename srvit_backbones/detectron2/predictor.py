@@ -1,5 +1,6 @@
 """detectron2's ``DefaultPredictor`` for LazyConfigs (it reads yacs configs only), loading a
 checkpoint only when it fits the model entirely, with mixed precision."""
+from types import SimpleNamespace
 from typing import Mapping
 
 import torch
@@ -12,24 +13,13 @@ from ..amp import autocast
 from ..checkpoint import require_fit
 
 
-class _TestAugmentations:
-    """The config's test-time augmentations as the ``get_transform(image)`` ``DefaultPredictor`` calls."""
-
-    def __init__(self, augmentations):
-        self.augmentations = T.AugmentationList(augmentations)
-
-    def get_transform(self, image):
-        return self.augmentations(T.AugInput(image))
-
-
 class LazyConfigPredictor(DefaultPredictor):
     """Called as ``DefaultPredictor`` (on a BGR image); the instances come back float32 on the CPU.
 
     Args:
         cfg: a LazyConfig: its model, test mapper and test dataset's metadata (``self.metadata``).
-        weights: a trained model's state dict, loaded only when every tensor fits (``require_fit``).
-        device, amp: where the model runs, and in mixed precision.
-        source: how messages name the checkpoint."""
+        weights: a trained model's state dict, loaded only when every tensor fits.
+        device, amp, source: where the model runs, in mixed precision; how messages name the checkpoint."""
 
     def __init__(self, cfg, weights: Mapping[str, torch.Tensor], device: str = "cpu", amp: bool = False,
                  source: str = "the checkpoint"):
@@ -38,7 +28,8 @@ class LazyConfigPredictor(DefaultPredictor):
         require_fit(weights, self.model, source, "the detectron2 config's model")
         self.model.load_state_dict(weights)
         mapper = cfg.dataloader.test.mapper
-        self.aug = _TestAugmentations(instantiate(mapper.augmentations))
+        augmentations = T.AugmentationList(instantiate(mapper.augmentations))
+        self.aug = SimpleNamespace(get_transform=lambda image: augmentations(T.AugInput(image)))  # what __call__ calls
         self.input_format = mapper.image_format
         names = cfg.dataloader.test.dataset.names
         self.metadata = MetadataCatalog.get(names if isinstance(names, str) else names[0])

@@ -12,8 +12,7 @@ class MMDetDemo(DetectionDemo):
     """Args:
         cfg: an mmdet config; an R-CNN's test ``score_thr`` is set to ``score_threshold``.
         checkpoint: tools/train_det.py's iter_N.pth, refused unless it fits the model entirely.
-        device, amp: where the model runs, and in mixed precision.
-        hint: the fix a refused checkpoint's error names."""
+        device, amp, hint: where the model runs, in mixed precision; the fix a refused checkpoint's error names."""
 
     def __init__(self, cfg, checkpoint: str, device: str = "cpu", amp: bool = False, score_threshold: float = 0.5,
                  hint: str = ""):

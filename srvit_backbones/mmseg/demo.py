@@ -7,8 +7,7 @@ class MMSegDemo(Demo):
     """Args:
         cfg: an mmseg config.
         checkpoint: tools/train_seg.py's iter_N.pth, refused unless it fits the model entirely.
-        device, amp: where the model runs, and in mixed precision.
-        hint: the fix a refused checkpoint's error names.
+        device, amp, hint: where the model runs, in mixed precision; the fix a refused checkpoint's error names.
         opacity: of the drawn class colours."""
 
     raw_output = "label_maps"

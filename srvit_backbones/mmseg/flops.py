@@ -6,7 +6,7 @@ from mmengine.config import Config
 from mmseg.registry import MODELS
 from mmseg.utils import register_all_modules
 
-from ..flops import Counted, attention_split, count_flops, count_flops_by_operator, count_params, count_parts
+from ..flops import Counted, attention_split, count_flops, count_params, count_parts
 from ..flops_table import table_row
 
 
@@ -37,17 +37,12 @@ def count_segmentor(path: str, counted: Counted, plain: bool = False) -> dict:
     else:
         heads = repr({k: v for k, v in cfg.model.to_dict().items() if k != "backbone"})
         run = attention_split(count_parts(model, (x,), "backbone", x, heads, counted))[0]
-    held = model.backbone.srvit
-    with torch.device("cpu" if plain else "meta"):
+    held, device = model.backbone.srvit, "cpu" if plain else "meta"
+    with torch.device(device):
         whole = MODELS.build(dict(cfg.model.backbone, out_indices=[*model.backbone.out_indices, -1])).srvit
     pruned = _Units(whole.units[len(held.units):], (h // held.patch_size, w // held.patch_size))
-    tokens = torch.zeros(1, held.num_prefix_tokens + pruned.grid[0] * pruned.grid[1], held.embed_dim)
-    if not len(pruned.units):
-        unused = 0
-    elif plain:
-        unused = count_flops(pruned, (tokens,), plain=True)
-    else:
-        unused = attention_split(count_flops_by_operator(pruned, (tokens.to("meta"),), traced=counted.blocks))[0]
+    tokens = torch.zeros(1, held.num_prefix_tokens + pruned.grid[0] * pruned.grid[1], held.embed_dim, device=device)
+    unused = count_flops(pruned, (tokens,), plain, counted.blocks) if len(pruned.units) else 0
     params = count_params(model)
     return table_row(path, "segmentation", (h, w), params + count_params(pruned), params, 2 * (run + unused),
                      2 * run, run)

@@ -16,11 +16,9 @@ class CheckedWeightsInferencer:
     """Mixin before an mmengine inferencer; subclasses set ``framework`` and ``datasets`` (its registry).
 
     Args:
-        cfg: the config.
-        checkpoint: a checkpoint read already (``{"state_dict": ..., "meta": ...}`` or weights).
-        source: how messages name the checkpoint.
-        device, amp: where the model runs, and in mixed precision.
-        kwargs: the inferencer's own."""
+        cfg, kwargs: the config, the inferencer's own arguments.
+        checkpoint, source: a checkpoint read already; how messages name it.
+        device, amp: where the model runs, and in mixed precision."""
 
     framework: str
     datasets = None
