@@ -1,7 +1,5 @@
-"""Training curves (tools/plot_curves.py): losses, base learning rate and evaluation metrics (in
-percent, at the iteration they followed) over iterations, from detectron2's ``metrics.json`` or
-mmengine's ``vis_data/scalars.json`` (a work dir's runs joined, the later winning), or a run's folder.
-The frameworks' log formats are data, ``LOG_FORMATS``; no framework is imported."""
+"""Training curves (tools/plot_curves.py) of detectron2's ``metrics.json`` and mmengine's
+``vis_data/scalars.json``; the frameworks' log formats are data (``LOG_FORMATS``), no framework is imported."""
 import glob
 import json
 import os
@@ -129,10 +127,7 @@ def plot_curves(path, output=None):
                 ax.plot(xs, ys, label=f"{name}: {ys[-1]:.4g}", marker="o")
             else:
                 ax.plot(xs, ys, label=name, linewidth=2 if name in ("total_loss", "loss") else 1)
-        ax.set_title(titles[panel])
-        ax.set_xlabel("iteration")
-        if panel in units:
-            ax.set_ylabel(units[panel])
+        ax.set(title=titles[panel], xlabel="iteration", ylabel=units.get(panel, ""))
         if panel == "loss" and all(y > 0 for points in named.values() for _, y in points):
             ax.set_yscale("log")
         ax.grid(alpha=0.3)

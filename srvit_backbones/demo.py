@@ -1,11 +1,9 @@
-"""tools/demo.py's loop, the same for every framework: each framework's adapter builds a ``Demo``
-(``FrameworkAdapter.build_demo``) that predicts on one image and draws with the framework's own API;
-``run_demo`` draws every image and saves the pictures and, when asked, the raw predictions. Also the
-checks they share: the checkpoint read, CUDA and ``--amp``."""
+"""tools/demo.py's loop (``run_demo``) over a framework's ``Demo`` (``FrameworkAdapter.build_demo``),
+and the checks every framework's demo shares: the checkpoint read, CUDA and ``--amp``."""
 import contextlib
 import json
 import os
-from typing import Any, List, NamedTuple, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -17,10 +15,9 @@ from .errors import CheckpointError, ConfigError, InputError
 
 
 class Demo:
-    """What ``run_demo`` asks of a framework's predictor. ``raw_output`` says what ``--save-raw``
-    writes: ``"records"``: ``OUTPUT/predictions.json``, every image's ``records(prediction, image_id,
-    file_name)`` (COCO results); ``"label_maps"``: ``OUTPUT/labels/NAME.png``, each image's
-    ``label_map(prediction)`` (the (H, W) class index of every pixel)."""
+    """What ``run_demo`` asks of a framework's predictor. ``--save-raw`` writes, by ``raw_output``,
+    ``"records"``: ``predictions.json`` of every image's ``records(prediction, image_id, file_name)``;
+    ``"label_maps"``: ``labels/NAME.png`` of each image's ``label_map(prediction)``."""
 
     raw_output = "records"
 
@@ -47,12 +44,6 @@ class DetectionDemo(Demo):
 
     def empty_message(self) -> str:
         return f"no detection scores above {self.score_threshold:g}: lower --score-threshold to see weaker ones"
-
-
-class DemoOutputs(NamedTuple):
-    drawn: List[str]  #: the pictures written
-    raw: List[str]  #: predictions.json, or the label maps written
-    empty: List[str]  #: the images (their relative names) with nothing drawn
 
 
 def say_on_image(image: np.ndarray, text: str) -> np.ndarray:
@@ -133,10 +124,10 @@ def refused_unless_it_fits(hint: str):
 
 
 def run_demo(demo: Demo, paths: Sequence[str], names: Sequence[str], output: str,
-             save_raw: bool = False) -> DemoOutputs:
+             save_raw: bool = False) -> Tuple[List[str], List[str], List[str]]:
     """Draw ``demo``'s prediction on every image of ``paths`` to ``output/NAME.png`` (``names``:
     ``relative_names(paths)``); with ``save_raw``, the predictions as ``demo.raw_output`` says (the
-    image's index in ``paths`` is its image_id)."""
+    image's index in ``paths`` is its image_id). Returns (pictures, raw files, names with nothing drawn)."""
     from tqdm import tqdm
 
     records = demo.raw_output == "records"
@@ -163,4 +154,4 @@ def run_demo(demo: Demo, paths: Sequence[str], names: Sequence[str], output: str
         raw.append(os.path.join(output, "predictions.json"))
         with open(raw[0], "w") as f:
             json.dump(results, f)
-    return DemoOutputs(drawn, raw, empty)
+    return drawn, raw, empty

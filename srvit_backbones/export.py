@@ -201,9 +201,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
         raise ExportError(f"check sizes {bad} are not multiples of the patch size {patch}")
     print(f"weights: {args.checkpoint}\n{report.summary()}" if report else "weights: random (--random-weights)")
     export_onnx(backbone, args.output, args.opset)
-    names = output_names(backbone)
     print(f"wrote {args.output}: {args.model}, input images (batch, 3, H, W) with H, W multiples of {patch}, "
-          f"outputs {', '.join(names)} (stride {patch}), position table "
+          f"outputs {', '.join(output_names(backbone))} (stride {patch}), position table "
           f"{backbone.model.pretrain_grid[0]}x{backbone.model.pretrain_grid[1]}")
     if args.amp:
         print("--amp: the exported graph stays fp32; the check also runs PyTorch under bf16 autocast (CPU)")

@@ -1,11 +1,9 @@
-"""Parameter and FLOP counting, fvcore-style (one multiply-add = one FLOP), fused attention included.
-
-``BlockApplications`` traces each distinct block application of a recursive backbone once and
-multiplies it by how often it runs; ``count_parts`` counts a whole detector or segmentor as its
-backbone plus the neck and heads, the latter once per config (docs/detectron2.md, "FLOPs").
-"""
+"""Parameter and FLOP counting, fvcore-style (one multiply-add = one FLOP), fused attention included;
+block applications of a recursive backbone traced once each (``BlockApplications``), a model's neck and
+heads once per config (``count_parts``): docs/detectron2.md."""
 import copy
 import importlib
+import math
 import warnings
 from collections import Counter
 from contextlib import contextmanager, nullcontext
@@ -26,10 +24,7 @@ def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
     """fvcore / mmengine flop handle of ``aten::scaled_dot_product_attention``: q @ k^T and attn @ v."""
     q, k, v = (t.type().sizes() for t in inputs[:3])
     *batch, n_q, d = q
-    n_k, d_v = k[-2], v[-1]
-    b = 1
-    for s in batch:
-        b *= s
+    n_k, d_v, b = k[-2], v[-1], math.prod(batch)
     return b * n_q * n_k * d + b * n_q * n_k * d_v
 
 
@@ -49,15 +44,10 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def fvcore_analysis(model: nn.Module, inputs: Any):
-    """fvcore's ``FlopCountAnalysis``, imported when first used."""
-    from fvcore.nn import FlopCountAnalysis
-
-    return FlopCountAnalysis(model, inputs)
-
-
-def count_by_operator(model: nn.Module, inputs: Any, analysis: Callable = fvcore_analysis) -> Counter:
-    """FLOPs of ``model(*inputs)`` by operator: one trace by ``analysis(model, inputs)``, in eval mode."""
+def count_by_operator(model: nn.Module, inputs: Any, analysis: Optional[Callable] = None) -> Counter:
+    """FLOPs of ``model(*inputs)`` by operator: one trace by ``analysis`` (fvcore's), in eval mode."""
+    if analysis is None:
+        from fvcore.nn import FlopCountAnalysis as analysis
     was_training = model.training
     model.eval()
     try:
@@ -102,11 +92,10 @@ class _Application(nn.Module):
 
 
 class BlockApplications:
-    """While active (``with``), SR-ViT's block applications are recorded, not run (tokens pass
-    unchanged); ``by_operator()`` traces each distinct one once, times how often it ran. ``traced``
-    (shareable between instances) caches the counts by application."""
+    """While active (``with``), SR-ViT's block applications are recorded, not run; ``by_operator()``
+    traces each distinct one once (``traced``: a shareable cache), times how often it ran."""
 
-    def __init__(self, analysis: Callable = fvcore_analysis, traced: Optional[Dict[Hashable, Counter]] = None):
+    def __init__(self, analysis: Optional[Callable] = None, traced: Optional[Dict[Hashable, Counter]] = None):
         self.analysis = analysis
         self.traced = {} if traced is None else traced
         self.runs: Counter = Counter()
@@ -144,7 +133,7 @@ class BlockApplications:
         return total
 
 
-def count_flops_by_operator(model: nn.Module, inputs: Any, analysis: Callable = fvcore_analysis,
+def count_flops_by_operator(model: nn.Module, inputs: Any, analysis: Optional[Callable] = None,
                             plain: bool = False, traced: Optional[Dict[Hashable, Counter]] = None) -> Counter:
     """FLOPs of ``model(*inputs)`` by operator, by ``BlockApplications`` (``plain``: one whole trace)."""
     if plain:
@@ -189,15 +178,14 @@ class _StandIn(nn.Module):
 
 
 def count_parts(model: nn.Module, inputs: Any, backbone_name: str, backbone_input: torch.Tensor, config: str,
-                counted: Counted, analysis: Callable = fvcore_analysis,
+                counted: Counted, analysis: Optional[Callable] = None,
                 heads_counted: Callable = nullcontext) -> Counter:
     """FLOPs by operator of ``model(inputs)``, as one trace by ``analysis`` counts them: the backbone
     (submodule ``backbone_name``, called on ``backbone_input``) by ``count_flops_by_operator``, the
     rest with a ``_StandIn`` backbone once per ``config`` (without the backbone) and backbone shapes,
     inside ``heads_counted(model)``."""
     parent_name, _, name = backbone_name.rpartition(".")
-    parent = model.get_submodule(parent_name)
-    backbone = getattr(parent, name)
+    parent, backbone = model.get_submodule(parent_name), model.get_submodule(backbone_name)
     outputs = []
     hook = backbone.register_forward_hook(lambda module, args, output: outputs.append(output))
     try:

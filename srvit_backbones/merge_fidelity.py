@@ -1,6 +1,5 @@
-"""How much token merging changes a trained backbone's dense features (tools/merge_fidelity.py):
-per merge ratio, the per-token cosine similarity and relative L2 error of every feature map against
-the unmerged model's."""
+"""Token merging's effect on a trained backbone's dense features (tools/merge_fidelity.py): per merge
+ratio, per-token cosine similarity and relative L2 error of each feature map against the unmerged's."""
 from typing import Any, Dict, Sequence, Tuple
 
 import numpy as np
@@ -16,8 +15,7 @@ Fidelity = Dict[float, Dict[str, Dict[str, float]]]
 
 
 def fidelity_model(variant: str, overrides: Sequence[Tuple[str, Any]], checkpoint: str, size: int) -> torch.nn.Module:
-    """The variant (with ``overrides``; position table at ``size`` unless they set ``img_size``) in
-    eval mode with the backbone of ``checkpoint`` (pretraining, detectron2 or mmseg).
+    """The variant (position table at ``size`` unless ``overrides`` set it) in eval mode with ``checkpoint``'s backbone.
 
     Raises:
         CheckpointError: backbone tensors are missing (another variant's checkpoint) or do not fit."""

@@ -1,7 +1,5 @@
-"""Pictures of the soft router on real images, in the style of the paper's Figure 4
-(tools/visualize_mixture.py): per routed unit, the step each token weights most and the mixture's
-entropy / log T over the image, and the mean weight per step (``draw_pictures``); ``draw_summary``:
-the mean weight per step over all images. Framework-free (matplotlib's ``Figure``, no pyplot)."""
+"""The soft router on real images, as the paper's Figure 4 (tools/visualize_mixture.py): per routed unit,
+each token's argmax step and mixture entropy / log T, and the mean weight per step (matplotlib, no pyplot)."""
 import math
 import os
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -115,9 +113,12 @@ def draw_summary(model, images: Sequence[dict], out_dir: str) -> Tuple[Stats, st
             sums[i] = total if i not in sums else sums[i] + total
         tokens += n
     summary = {i: dict(mean_weight=total[0] / tokens, argmax_share=total[1] / tokens) for i, total in sums.items()}
-    summary_png = os.path.join(out_dir, "summary.png")
-    plot_summary(model, summary, summary_png, len(images), tokens)
-    return summary, summary_png, tokens
+    fig = Figure(figsize=(3.6 * len(summary), 3.4), layout="constrained")
+    for k, (ax, (i, s)) in enumerate(zip(fig.subplots(1, len(summary), squeeze=False)[0], summary.items())):
+        draw_bars(ax, s["mean_weight"], s["argmax_share"], unit_label(model, i), k == 0)
+    fig.suptitle(f"weight per step over {len(images)} image(s), {tokens} tokens per unit")
+    fig.savefig(os.path.join(out_dir, "summary.png"), dpi=100, bbox_inches="tight")
+    return summary, os.path.join(out_dir, "summary.png"), tokens
 
 
 def describe_image(image: dict) -> str:
@@ -183,11 +184,3 @@ def plot_image(model, image: np.ndarray, stats: Stats, out: str, name: str) -> L
     fig.savefig(out, dpi=100, bbox_inches="tight")
     return [ax.get_title() for ax in axes.flat]
 
-
-def plot_summary(model, summary: Stats, out: str, n_images: int, n_tokens: int):
-    fig = Figure(figsize=(3.6 * len(summary), 3.4), layout="constrained")
-    axes = fig.subplots(1, len(summary), squeeze=False)
-    for k, (ax, (i, s)) in enumerate(zip(axes[0], summary.items())):
-        draw_bars(ax, s["mean_weight"], s["argmax_share"], unit_label(model, i), k == 0)
-    fig.suptitle(f"weight per step over {n_images} image(s), {n_tokens} tokens per unit")
-    fig.savefig(out, dpi=100, bbox_inches="tight")

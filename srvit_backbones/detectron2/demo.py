@@ -12,7 +12,7 @@ def set_score_threshold(cfg, score_threshold: float) -> None:
 
 class Detectron2Demo(DetectionDemo):
     """Args:
-        cfg: a LazyConfig; its box predictors' test score threshold is set to ``score_threshold``.
+        cfg, score_threshold: a LazyConfig, its box predictors' test score threshold.
         checkpoint: tools/train_net.py's model_final.pth, refused unless it fits the model entirely.
         device, amp, hint: where the model runs, in mixed precision; the fix a refused checkpoint's error names."""
 

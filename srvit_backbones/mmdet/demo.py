@@ -10,7 +10,7 @@ from .inference import SRViTDetInferencer
 
 class MMDetDemo(DetectionDemo):
     """Args:
-        cfg: an mmdet config; an R-CNN's test ``score_thr`` is set to ``score_threshold``.
+        cfg, score_threshold: an mmdet config, an R-CNN's test ``score_thr``.
         checkpoint: tools/train_det.py's iter_N.pth, refused unless it fits the model entirely.
         device, amp, hint: where the model runs, in mixed precision; the fix a refused checkpoint's error names."""
 

@@ -28,8 +28,7 @@ class _Predict(nn.Module):
 
 def _proposals(predict):
     """``proposals_checked`` for an mmdet detector: the rois of the first stage's box head counted."""
-    model = predict.model
-    extractor = model.roi_head.bbox_roi_extractor
+    model, extractor = predict.model, predict.model.roi_head.bbox_roi_extractor
     first = extractor[0] if isinstance(extractor, nn.ModuleList) else extractor
     return proposals_checked(model.rpn_head.test_cfg.nms, "iou_threshold", first, lambda args, output: len(args[1]),
                              model.rpn_head.test_cfg.max_per_img)

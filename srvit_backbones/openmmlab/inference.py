@@ -1,6 +1,5 @@
-"""What tools/demo.py adds to mmdet's and mmseg's inferencers: weights loaded only when they fit the
-model entirely, the test dataset's classes for a checkpoint that names none, mixed precision with
-float32 predictions."""
+"""What tools/demo.py adds to mmdet's and mmseg's inferencers: weights loaded only when they fit, the test
+dataset's classes for a checkpoint that names none, mixed precision with float32 predictions."""
 import re
 from typing import Mapping, Optional
 
