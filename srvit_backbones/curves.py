@@ -1,20 +1,5 @@
-"""Training curves (tools/plot_curves.py): loss(es), learning rate and the evaluation metric(s)
-over iterations, from a Detectron2 run's ``metrics.json`` or an MMSegmentation / MMDetection
-run's ``vis_data/scalars.json`` (both one JSON object per line), or from the run's folder.
-
-An mmengine work dir (mmseg, mmdet) holds one ``TIMESTAMP/vis_data/scalars.json`` per run (a
-resumed run adds one): they are joined in time order, a later run's value winning where runs
-overlap.
-
-The three frameworks are drawn alike: every evaluation at the iteration it followed, the
-learning rate of the config's schedule (the base lr: mmengine logs as ``lr`` the first parameter
-group's, under layer decay the most-decayed one, and as ``base_lr`` the optimizer's own; detectron2
-logs its largest group's, the heads' at the config lr), and AP in percent (mmdet's CocoMetric and
-LVISMetric log fractions; detectron2 and mmseg log percent).
-
-What differs between the frameworks' logs is data, ``LOG_FORMATS``: a framework whose log is
-one of these formats is drawn without a change here. This module imports no framework.
-"""
+"""Training curves (tools/plot_curves.py) of detectron2's ``metrics.json`` and mmengine's
+``vis_data/scalars.json``; the frameworks' log formats are data (``LOG_FORMATS``), no framework is imported."""
 import glob
 import json
 import os
@@ -34,26 +19,18 @@ class CurvesError(InputError, ValueError):
 class LogFormat:
     """A framework's training log, as the curves read it."""
 
-    #: the metrics files in a run's folder (a glob, joined in sorted order)
-    files: str
-    #: the key of every record's iteration
-    iteration: str
-    #: the headline evaluation metrics drawn (detectron2 also logs per-class APs, not drawn)
-    metrics: Tuple[str, ...]
-    #: the metrics' factor to percent (mmdet's are fractions)
-    to_percent: float = 1
-    #: record keys starting with one of these tell this format from another of the same iteration key
-    marked_by: Tuple[str, ...] = ()
-    #: mmengine's LoggerHook(log_metric_by_epoch=True), mmdet's default, logs an evaluation at the
-    #: epoch (0 in an iteration-based run): it is drawn at the iteration it followed
-    evaluation_by_epoch: bool = False
+    files: str  #: the metrics files in a run's folder (a glob, joined in sorted order)
+    iteration: str  #: the key of every record's iteration
+    metrics: Tuple[str, ...]  #: the evaluation metrics drawn
+    to_percent: float = 1  #: the metrics' factor to percent
+    marked_by: Tuple[str, ...] = ()  #: key prefixes that tell this format from another of the same iteration key
+    evaluation_by_epoch: bool = False  #: evaluations may be logged at the epoch (log_metric_by_epoch=True)
 
 
 #: the log formats by framework, in the order they are recognised
 LOG_FORMATS: Dict[str, LogFormat] = dict(
     detectron2=LogFormat("metrics.json", "iteration",
                          ("bbox/AP", "segm/AP", "keypoints/AP", "sem_seg/mIoU", "panoptic_seg/PQ")),
-    # mmengine's: a detector's logs name its COCO metrics
     mmdet=LogFormat("*/vis_data/scalars.json", "step",
                     ("coco/bbox_mAP", "coco/segm_mAP", "lvis/bbox_AP", "lvis/segm_AP"), to_percent=100,
                     marked_by=("coco/", "loss_rpn"), evaluation_by_epoch=True),
@@ -76,8 +53,7 @@ def find_files(path):
 
 
 def read_records(files):
-    """(framework, records): the JSON lines of the files, in order, and the framework of
-    ``LOG_FORMATS`` whose log they are."""
+    """(framework of ``LOG_FORMATS`` whose log they are, the JSON lines of ``files`` in order)."""
     records = []
     for f in files:
         with open(f) as fh:
@@ -101,9 +77,7 @@ def read_records(files):
 
 
 def series(framework, records):
-    """{panel: {name: [(iteration, value), ...]}} for the panels loss, lr and metric: the lr is
-    the base lr (mmengine's ``base_lr`` where it logs one), the metrics are in percent, each
-    evaluation at the iteration it followed."""
+    """{panel: {name: [(iteration, value), ...]}} for the panels loss, lr (the base lr) and metric."""
     log = LOG_FORMATS[framework]
     panels = {"loss": {}, "lr": {}, "metric": {}}
     last_train_step = 0
@@ -132,10 +106,11 @@ def series(framework, records):
 
 
 def plot_curves(path, output=None):
-    """Draw the run's curves (``path``: a metrics file or a run's folder) into ``output``
-    (default: ``curves.png`` in the run's folder); returns (figure, PNG path). One panel per kind
-    found, in the order loss, lr, metric; each line labelled with its scalar's name (metrics: and
-    last value)."""
+    """Draw the run's curves (``path``: a metrics file or a run's folder) into ``output`` (default:
+    ``curves.png`` in the run's folder); returns (figure, PNG path).
+
+    Raises:
+        CurvesError: no metrics file, a line that is no JSON object, an unknown format, nothing to draw."""
     files = find_files(path)
     framework, records = read_records(files)
     panels = series(framework, records)
@@ -152,10 +127,7 @@ def plot_curves(path, output=None):
                 ax.plot(xs, ys, label=f"{name}: {ys[-1]:.4g}", marker="o")
             else:
                 ax.plot(xs, ys, label=name, linewidth=2 if name in ("total_loss", "loss") else 1)
-        ax.set_title(titles[panel])
-        ax.set_xlabel("iteration")
-        if panel in units:
-            ax.set_ylabel(units[panel])
+        ax.set(title=titles[panel], xlabel="iteration", ylabel=units.get(panel, ""))
         if panel == "loss" and all(y > 0 for points in named.values() for _, y in points):
             ax.set_yscale("log")
         ax.grid(alpha=0.3)

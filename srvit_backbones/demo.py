@@ -1,14 +1,9 @@
-"""tools/demo.py's loop, the same for every framework: each framework's adapter builds a ``Demo``
-(``FrameworkAdapter.build_demo``: ``srvit_backbones.detectron2.demo``, ``.mmdet.demo``,
-``.mmseg.demo``) that predicts on one image and draws with the framework's own API; ``run_demo``
-draws every image, saves the pictures and, when asked, the raw predictions. Here too: reading
-the trained checkpoint (refused, with where one comes from, when it is not one or does not fit
-the model), the CUDA and ``--amp`` checks, the note written on a picture with nothing drawn.
-Framework-free (numpy, PIL, torch)."""
+"""tools/demo.py's loop (``run_demo``) over a framework's ``Demo`` (``FrameworkAdapter.build_demo``),
+and the checks every framework's demo shares: the checkpoint read, CUDA and ``--amp``."""
 import contextlib
 import json
 import os
-from typing import Any, List, NamedTuple, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -20,12 +15,9 @@ from .errors import CheckpointError, ConfigError, InputError
 
 
 class Demo:
-    """What ``run_demo`` asks of a framework's predictor. ``predict`` is the one method every
-    demo has; ``raw_output`` says what ``--save-raw`` writes of the predictions:
-    ``"records"``: ``OUTPUT/predictions.json``, the list of every image's ``records`` (COCO
-    results for a detector; a classifier's would be its label and score per image);
-    ``"label_maps"``: ``OUTPUT/labels/NAME.png``, each image's ``label_map`` (a segmentor's
-    class index of every pixel)."""
+    """What ``run_demo`` asks of a framework's predictor. ``--save-raw`` writes, by ``raw_output``,
+    ``"records"``: ``predictions.json`` of every image's ``records(prediction, image_id, file_name)``;
+    ``"label_maps"``: ``labels/NAME.png`` of each image's ``label_map(prediction)``."""
 
     raw_output = "records"
 
@@ -34,25 +26,16 @@ class Demo:
         raise NotImplementedError
 
     def is_empty(self, prediction) -> bool:
-        """Whether nothing of ``prediction`` was drawn (the picture then says ``empty_message``)."""
+        """Whether nothing of ``prediction`` was drawn."""
         return False
 
     def empty_message(self) -> str:
-        """What a picture with nothing drawn says, and why."""
+        """What a picture with nothing drawn says."""
         return ""
-
-    def records(self, prediction, image_id: int, file_name: str) -> List[dict]:
-        """``prediction``'s entries of predictions.json (``raw_output == "records"``)."""
-        raise NotImplementedError(f"{type(self).__name__} saves no records")
-
-    def label_map(self, prediction) -> np.ndarray:
-        """The (H, W) class index of every pixel of ``prediction`` (``raw_output == "label_maps"``)."""
-        raise NotImplementedError(f"{type(self).__name__} saves no label maps")
 
 
 class DetectionDemo(Demo):
-    """A detector's demo: its predictions are the instances scoring above ``score_threshold``
-    (a picture without any says so); ``records`` are COCO results."""
+    """A detector's demo: the instances scoring above ``score_threshold``."""
 
     score_threshold = 0.5
 
@@ -60,23 +43,11 @@ class DetectionDemo(Demo):
         return len(prediction) == 0
 
     def empty_message(self) -> str:
-        return nothing_above(self.score_threshold)
-
-
-class DemoOutputs(NamedTuple):
-    drawn: List[str]  #: the pictures written
-    raw: List[str]  #: predictions.json, or the label maps written
-    empty: List[str]  #: the images (their relative names) with nothing drawn
-
-
-def nothing_above(threshold: float) -> str:
-    """What a detection picture with nothing drawn on it says."""
-    return f"no detection scores above {threshold:g}: lower --score-threshold to see weaker ones"
+        return f"no detection scores above {self.score_threshold:g}: lower --score-threshold to see weaker ones"
 
 
 def say_on_image(image: np.ndarray, text: str) -> np.ndarray:
-    """``image`` (an RGB array) with ``text`` written in white across its top on a black band,
-    wrapped to the image's width."""
+    """``image`` (RGB) with ``text`` wrapped in white on a black band across its top."""
     from PIL import ImageDraw, ImageFont
 
     picture = Image.fromarray(image)
@@ -97,8 +68,10 @@ def say_on_image(image: np.ndarray, text: str) -> np.ndarray:
 
 
 def relative_names(paths: Sequence[str]) -> List[str]:
-    """Each image's path below the images' common folder; its output name is that, as .png
-    (an ``InputError`` when two images would be drawn to one file)."""
+    """Each image's path below the images' common folder (its picture's name, as .png).
+
+    Raises:
+        InputError: two images would be drawn to one file."""
     root = os.path.commonpath([os.path.dirname(p) for p in paths])
     names = [os.path.relpath(p, root) for p in paths]
     seen = {}
@@ -111,8 +84,8 @@ def relative_names(paths: Sequence[str]) -> List[str]:
 
 
 def check_device(device: str, amp: bool) -> None:
-    """A ``ConfigError`` when ``device`` is CUDA and no GPU is visible, or ``amp`` is asked where
-    the device cannot run it (``srvit_backbones.amp``)."""
+    """Raises:
+        ConfigError: ``device`` is CUDA and no GPU is visible, or ``amp`` where the device has none."""
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"--device {device}, but no CUDA GPU is visible: run with --device cpu")
     if amp:
@@ -123,9 +96,10 @@ def check_device(device: str, amp: bool) -> None:
 
 
 def read_weights(checkpoint: str, key: str, framework: str, hint: str):
-    """(checkpoint object, its weights under ``key``) through the package's safe reader, or a
-    ``CheckpointError`` that says why the file is not a ``framework`` checkpoint and, with ``hint``
-    (the adapter's ``checkpoint_hint``), where one comes from."""
+    """(checkpoint object, its weights under ``key``), read safely.
+
+    Raises:
+        CheckpointError: the file is no ``framework`` checkpoint; says why and, with ``hint``, where one comes from."""
     if not os.path.isfile(checkpoint):
         raise CheckpointError(f"--checkpoint {checkpoint!r} does not exist. Fix: {hint}")
     try:
@@ -142,8 +116,7 @@ def read_weights(checkpoint: str, key: str, framework: str, hint: str):
 
 @contextlib.contextmanager
 def refused_unless_it_fits(hint: str):
-    """A checkpoint that does not fit the model entirely (``require_fit``'s CheckpointError) as a
-    CheckpointError that says, with ``hint``, where one that fits comes from."""
+    """``require_fit``'s CheckpointError with ``hint``, where a checkpoint that fits comes from."""
     try:
         yield
     except CheckpointError as e:
@@ -151,11 +124,10 @@ def refused_unless_it_fits(hint: str):
 
 
 def run_demo(demo: Demo, paths: Sequence[str], names: Sequence[str], output: str,
-             save_raw: bool = False) -> DemoOutputs:
+             save_raw: bool = False) -> Tuple[List[str], List[str], List[str]]:
     """Draw ``demo``'s prediction on every image of ``paths`` to ``output/NAME.png`` (``names``:
-    ``relative_names(paths)``), a picture with nothing drawn saying ``demo.empty_message()``
-    across its top; with ``save_raw``, the predictions as ``demo.raw_output`` says (the image's
-    index in ``paths`` is its image_id)."""
+    ``relative_names(paths)``); with ``save_raw``, the predictions as ``demo.raw_output`` says (the
+    image's index in ``paths`` is its image_id). Returns (pictures, raw files, names with nothing drawn)."""
     from tqdm import tqdm
 
     records = demo.raw_output == "records"
@@ -182,4 +154,4 @@ def run_demo(demo: Demo, paths: Sequence[str], names: Sequence[str], output: str
         raw.append(os.path.join(output, "predictions.json"))
         with open(raw[0], "w") as f:
             json.dump(results, f)
-    return DemoOutputs(drawn, raw, empty)
+    return drawn, raw, empty

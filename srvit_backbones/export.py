@@ -1,16 +1,7 @@
-"""ONNX export of the dense SR-ViT backbone, checked against PyTorch with ONNX Runtime.
-
-The exported graph is the ``features_only`` backbone: one NCHW map per ``feature_info``
-entry (the recursive units by default), named ``unit{i}`` as in ``forward_feature_maps``,
-with dynamic batch, height and width (multiples of the patch size). It is made by
-``torch.onnx.export(dynamo=True)``: ``torch.export`` (the model resizes its position table
-unconditionally while exporting, so no input size is baked in) translated by onnxscript. The
-TorchScript-based exporter (``dynamo=False``) is deprecated in torch 2.x and would record the
-resize decision of the example input. Needs ``pip install -e .[deploy]`` (onnx, onnxscript,
-onnxruntime). Windowed attention and relative positions specialise ``torch.export`` to one
-input size (timm's window partition and relative-position lookup decide on the grid in
-Python), so they are refused here. The exported graph is always fp32; ``--amp`` only adds to
-the check the PyTorch model under bf16 autocast (CPU), to show what bf16 inference costs.
+"""ONNX export of the dense SR-ViT backbone (its ``features_only`` outputs ``unit{i}``), by
+``torch.onnx.export(dynamo=True)`` with dynamic batch, height and width (multiples of the patch size),
+checked against PyTorch with ONNX Runtime. Global attention without relative positions only; the graph
+is fp32 (``--amp`` adds bf16 autocast to the check). Needs ``pip install -e .[deploy]``.
 """
 import argparse
 import ast
@@ -19,15 +10,15 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from .amp import amp_dtype, autocast
+from .amp import autocast
 from .checkpoint import LoadReport, extract_state_dict, load_pretrained, read_checkpoint, select_backbone
-from .errors import CheckpointError, ConfigError, SRViTError
+from .demo import check_device
+from .errors import CheckpointError, SRViTError
 from .models import create_srvit
 from .models.rules import split_pos_embed
 
 #: constructor arguments that the tool sets itself (options of their own)
 RESERVED = ("features_only", "img_size", "out_indices", "num_classes", "pretrained")
-DEFAULT_CHECK_SIZES = ((224, 224), (192, 320))
 
 
 class ExportError(SRViTError, RuntimeError):
@@ -35,8 +26,10 @@ class ExportError(SRViTError, RuntimeError):
 
 
 def table_img_size(checkpoint: Mapping[str, Any], patch_size: int = 16) -> Optional[int]:
-    """The image size of the checkpoint's (square) position table, None if it holds none: the
-    exported model keeps that table, so it computes what the trained model computes."""
+    """The image size of the checkpoint's (square) position table, None if it holds none.
+
+    Raises:
+        CheckpointError: a position table of no square grid."""
     sd = select_backbone(extract_state_dict(checkpoint), None, LoadReport())
     pos_embed = sd.get("pos_embed")
     if pos_embed is None:
@@ -50,9 +43,11 @@ def table_img_size(checkpoint: Mapping[str, Any], patch_size: int = 16) -> Optio
 def build_backbone(variant: str, checkpoint: Optional[Mapping[str, Any]] = None, img_size: Optional[int] = None,
                    out_indices: Optional[Sequence[int]] = None,
                    overrides: Optional[Dict[str, Any]] = None) -> Tuple[nn.Module, Optional[LoadReport]]:
-    """The ``features_only`` backbone of ``variant`` in eval mode, with the weights of
-    ``checkpoint`` (any checkpoint ``load_pretrained`` reads; None: random weights) and its
-    position table kept at the checkpoint's size unless ``img_size`` is given."""
+    """(the ``features_only`` backbone in eval mode with the weights of ``checkpoint`` (None: random),
+    its position table at the checkpoint's size unless ``img_size`` is given; the ``LoadReport``).
+
+    Raises:
+        ExportError: ``overrides`` set a reserved argument, or the model has windows / relative positions."""
     overrides = dict(overrides or {})
     reserved = sorted(set(overrides) & set(RESERVED))
     if reserved:
@@ -74,14 +69,12 @@ def build_backbone(variant: str, checkpoint: Optional[Mapping[str, Any]] = None,
 
 
 def output_names(backbone: nn.Module) -> List[str]:
-    """The name of each feature in ``feature_info`` order, as ``forward_feature_maps`` keys it
-    (``unit{i}``; ``step{i}`` for bViT)."""
+    """The name of each feature in ``feature_info`` order, as ``forward_feature_maps`` keys it."""
     return [backbone.model.feature_name(i) for i in backbone.feature_info.out_indices]
 
 
 def export_onnx(backbone: nn.Module, path: str, opset: int = 18) -> None:
-    """Write ``backbone`` as ONNX with dynamic batch, height and width (multiples of the patch
-    size), one file (the weights inside: the largest variant is far below protobuf's 2 GB)."""
+    """Write ``backbone`` to ``path`` as one ONNX file, dynamic batch, height and width."""
     p = backbone.model.patch_size
     batch = torch.export.Dim("batch", min=1, max=1024)
     h, w = torch.export.Dim("h", min=1, max=4096 // p), torch.export.Dim("w", min=1, max=4096 // p)
@@ -94,14 +87,12 @@ def export_onnx(backbone: nn.Module, path: str, opset: int = 18) -> None:
 
 def check_onnx(path: str, backbone: nn.Module, sizes: Sequence[Tuple[int, int]], atol: float = 1e-4,
                rtol: float = 1e-4, seed: int = 0, amp: bool = False) -> List[Dict[str, Any]]:
-    """Run the ONNX file with ONNX Runtime (CPU) and ``backbone`` on the same random images at
-    each size (batch 1, then 2, ...). One row per size: the largest absolute difference over
-    all outputs, and whether each output's is within ``atol + rtol * max|torch|``. The bound
-    scales with the output's largest value, not elementwise: deep features span orders of
-    magnitude, and float32 noise is relative to the largest terms summed into an element.
-    With ``amp``, the row also holds the largest difference of ``backbone`` under bf16 autocast
-    (CPU) against ONNX Runtime's fp32 outputs, absolute and relative to each output's largest
-    magnitude: what bf16 inference costs, reported, not held to the tolerance."""
+    """Run the ONNX file (ONNX Runtime, CPU) and ``backbone`` on random images at each size (batch 1,
+    2, ...). Returns a row per size: the largest absolute difference, whether each output's is within
+    ``atol + rtol * max|torch|``; with ``amp`` also bf16 autocast's difference, not held to it.
+
+    Raises:
+        ExportError: the file has other outputs or shapes than ``backbone``."""
     import onnxruntime
 
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
@@ -170,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", dest="overrides", type=parse_override, nargs="+", default=[], metavar="KEY=VALUE",
                         help="model arguments, as for timm.create_model (e.g. num_steps=4 embed_dim=32)")
     parser.add_argument("--opset", type=int, default=18, help="ONNX opset (default 18)")
-    parser.add_argument("--check-sizes", type=parse_size, nargs=2, default=list(DEFAULT_CHECK_SIZES),
+    parser.add_argument("--check-sizes", type=parse_size, nargs=2, default=[(224, 224), (192, 320)],
                         metavar="HxW", help="the two input sizes checked with ONNX Runtime (default 224x224 192x320)")
     parser.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance of the check")
     parser.add_argument("--rtol", type=float, default=1e-4,
@@ -201,11 +192,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     except ImportError as e:
         raise ExportError(f"ONNX export needs onnx, onnxscript and onnxruntime ({e}): "
                           f"pip install -e .[deploy]") from None
-    if args.amp:
-        try:
-            amp_dtype("cpu")
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+    check_device("cpu", args.amp)
     checkpoint = read_checkpoint(args.checkpoint) if args.checkpoint else None
     backbone, report = build_backbone(args.model, checkpoint, args.img_size, args.out_indices, dict(args.overrides))
     patch = backbone.model.patch_size
@@ -214,9 +201,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
         raise ExportError(f"check sizes {bad} are not multiples of the patch size {patch}")
     print(f"weights: {args.checkpoint}\n{report.summary()}" if report else "weights: random (--random-weights)")
     export_onnx(backbone, args.output, args.opset)
-    names = output_names(backbone)
     print(f"wrote {args.output}: {args.model}, input images (batch, 3, H, W) with H, W multiples of {patch}, "
-          f"outputs {', '.join(names)} (stride {patch}), position table "
+          f"outputs {', '.join(output_names(backbone))} (stride {patch}), position table "
           f"{backbone.model.pretrain_grid[0]}x{backbone.model.pretrain_grid[1]}")
     if args.amp:
         print("--amp: the exported graph stays fp32; the check also runs PyTorch under bf16 autocast (CPU)")

@@ -1,26 +1,9 @@
-"""Parameter and FLOP counting, fvcore-style (one multiply-add = one FLOP).
-
-fvcore has no handle for ``aten::scaled_dot_product_attention``; ``sdpa_flop_jit`` counts
-it as the two matmuls it replaces (q @ k^T and attn @ v), so fused attention is counted
-like the explicit attention of the paper's models. ``attention_split`` keeps it apart, for
-figures (the paper's Table 4 detectors) that were counted without it. Importing the package or an
-adapter leaves fvcore's and mmengine's default handles alone; ``count_fused_attention()`` adds it
-there, for the frameworks' own tools (detectron2's analyze_model.py, mmdet's get_flops.py), and
-``python -m srvit_backbones.flops SCRIPT ARGS`` runs such a tool after it.
-
-fvcore counts by tracing, which runs the model: at detection sizes a recursive backbone's 20 to
-40 block applications are most of that time, though they are a handful of distinct computations
-(the same block configuration on the same token shape, windowed or global). ``BlockApplications``
-traces each distinct one once and multiplies it by how often it runs; the counts are those of
-tracing every application, operator by operator.
-
-A whole detector or segmentor (tools/count_flops.py's Table 4) is counted in two parts by
-``count_parts``: its backbone by ``BlockApplications``, and the rest (neck and heads), which the
-configs of one task mostly share, once per config and backbone shape (``Counted``). The
-frameworks' adapters build their models and call it (``srvit_backbones.<framework>.flops``).
-"""
+"""Parameter and FLOP counting, fvcore-style (one multiply-add = one FLOP), fused attention included;
+block applications of a recursive backbone traced once each (``BlockApplications``), a model's neck and
+heads once per config (``count_parts``): docs/detectron2.md."""
 import copy
 import importlib
+import math
 import warnings
 from collections import Counter
 from contextlib import contextmanager, nullcontext
@@ -38,22 +21,16 @@ ATTENTION = SDPA_OP.split("::")[1]  # its key in a count by operator
 
 
 def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
-    """A flop handle (fvcore's and mmengine's signature: the traced call's input and output
-    values) for ``aten::scaled_dot_product_attention``: q @ k^T and attn @ v, multiply-adds."""
+    """fvcore / mmengine flop handle of ``aten::scaled_dot_product_attention``: q @ k^T and attn @ v."""
     q, k, v = (t.type().sizes() for t in inputs[:3])
     *batch, n_q, d = q
-    n_k, d_v = k[-2], v[-1]
-    b = 1
-    for s in batch:
-        b *= s
+    n_k, d_v, b = k[-2], v[-1], math.prod(batch)
     return b * n_q * n_k * d + b * n_q * n_k * d_v
 
 
 def count_fused_attention() -> None:
-    """Add ``sdpa_flop_jit`` to fvcore's and mmengine's default op handles (whichever is installed),
-    so that the counters the frameworks' own tools build in this process (detectron2's
-    analyze_model.py, mmdet's and mmseg's get_flops.py) count fused attention. Importing the
-    package never does this; a handle already there (a later release's own) is kept."""
+    """Add ``sdpa_flop_jit`` to fvcore's and mmengine's default op handles (a handle already there is
+    kept), so that the frameworks' own FLOP tools run in this process count fused attention."""
     for module, table in (("fvcore.nn.flop_count", "_DEFAULT_SUPPORTED_OPS"),
                           ("mmengine.analysis.complexity_analysis", "_DEFAULT_SUPPORTED_FLOP_OPS")):
         try:
@@ -67,17 +44,10 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def fvcore_analysis(model: nn.Module, inputs: Any):
-    """fvcore's ``FlopCountAnalysis``: the default ``analysis`` of the functions below
-    (detectron2's, which takes its models' inputs, is the other)."""
-    from fvcore.nn import FlopCountAnalysis
-
-    return FlopCountAnalysis(model, inputs)
-
-
-def count_by_operator(model: nn.Module, inputs: Any, analysis: Callable = fvcore_analysis) -> Counter:
-    """FLOPs of ``model(*inputs)`` by operator, as ``analysis`` (model, inputs) counts them, the
-    fused attention by ``sdpa_flop_jit``: one trace of the whole call, in eval mode."""
+def count_by_operator(model: nn.Module, inputs: Any, analysis: Optional[Callable] = None) -> Counter:
+    """FLOPs of ``model(*inputs)`` by operator: one trace by ``analysis`` (fvcore's), in eval mode."""
+    if analysis is None:
+        from fvcore.nn import FlopCountAnalysis as analysis
     was_training = model.training
     model.eval()
     try:
@@ -101,8 +71,7 @@ def _sizes(sizes) -> Optional[Tuple[int, ...]]:
 
 
 def _configuration(module: nn.Module) -> Hashable:
-    """What a module computes, weights aside: its printed structure, parameter and buffer shapes,
-    and the plain attributes of every submodule (``fused_attn``, ``num_heads``...)."""
+    """What a module computes, weights aside: structure, tensor shapes, plain attributes."""
     plain = (bool, int, float, str, type(None))
     tensors = [(n, _sizes(t.shape), t.dtype) for n, t in (*module.named_parameters(), *module.named_buffers())]
     attributes = [(name, sorted((k, v) for k, v in vars(m).items()
@@ -123,18 +92,10 @@ class _Application(nn.Module):
 
 
 class BlockApplications:
-    """While active (``with``), SR-ViT's block applications are recorded instead of run: the
-    tokens pass through unchanged, so a trace of the model counts everything but the blocks.
-    ``by_operator()`` then adds the blocks: each distinct application (the block's
-    configuration, the token shape, the window, the grid, the attention bias' shape) traced
-    once, times how often it ran.
+    """While active (``with``), SR-ViT's block applications are recorded, not run; ``by_operator()``
+    traces each distinct one once (``traced``: a shareable cache), times how often it ran."""
 
-    Tokens past a block are the block's input, not its output: a model whose later shapes
-    depend on token values (none of SR-ViT's do) would be counted wrongly. ``traced`` (a dict,
-    shared between instances) keeps the count of every application traced so far.
-    """
-
-    def __init__(self, analysis: Callable = fvcore_analysis, traced: Optional[Dict[Hashable, Counter]] = None):
+    def __init__(self, analysis: Optional[Callable] = None, traced: Optional[Dict[Hashable, Counter]] = None):
         self.analysis = analysis
         self.traced = {} if traced is None else traced
         self.runs: Counter = Counter()
@@ -172,10 +133,9 @@ class BlockApplications:
         return total
 
 
-def count_flops_by_operator(model: nn.Module, inputs: Any, analysis: Callable = fvcore_analysis,
+def count_flops_by_operator(model: nn.Module, inputs: Any, analysis: Optional[Callable] = None,
                             plain: bool = False, traced: Optional[Dict[Hashable, Counter]] = None) -> Counter:
-    """FLOPs of ``model(*inputs)`` by operator: block applications counted once each by
-    ``BlockApplications`` (``plain``: a trace of every application, the same figures)."""
+    """FLOPs of ``model(*inputs)`` by operator, by ``BlockApplications`` (``plain``: one whole trace)."""
     if plain:
         return count_by_operator(model, inputs, analysis)
     with BlockApplications(analysis, traced) as blocks:
@@ -183,24 +143,22 @@ def count_flops_by_operator(model: nn.Module, inputs: Any, analysis: Callable = 
     return rest + blocks.by_operator()
 
 
-def count_flops(model: nn.Module, inputs: Tuple[torch.Tensor, ...], plain: bool = False) -> int:
+def count_flops(model: nn.Module, inputs: Tuple[torch.Tensor, ...], plain: bool = False,
+                traced: Optional[Dict[Hashable, Counter]] = None) -> int:
     """Total FLOPs (multiply-adds) of ``model(*inputs)`` in eval mode, via fvcore."""
-    return attention_split(count_flops_by_operator(model, inputs, plain=plain))[0]
+    return attention_split(count_flops_by_operator(model, inputs, plain=plain, traced=traced))[0]
 
 
 @dataclass
 class Counted:
-    """What the configs measured so far counted, for the next ones: block applications (see
-    ``BlockApplications``), and the rest of a model (neck and heads) by its config without the
-    backbone and the backbone's input and output shapes: the configs of one task differ mostly in
-    the backbone, and the heads cost as much as the blocks."""
+    """Counts kept between configs: block applications, and neck plus heads by config and backbone shapes."""
 
     blocks: dict = field(default_factory=dict)
     heads: dict = field(default_factory=dict)
 
 
 def _map_tensors(fn: Callable, tree: Any) -> Any:
-    """``fn`` over the tensors of a nested dict / list / tuple (a backbone's output)."""
+    """``fn`` over the tensors of a nested dict / list / tuple."""
     if isinstance(tree, torch.Tensor):
         return fn(tree)
     if isinstance(tree, dict):
@@ -209,8 +167,7 @@ def _map_tensors(fn: Callable, tree: Any) -> Any:
 
 
 class _StandIn(nn.Module):
-    """Zeros shaped like a backbone's output, in the backbone's place: what follows it is
-    counted without running it."""
+    """Zeros shaped like a backbone's output, in the backbone's place."""
 
     def __init__(self, output: Any):
         super().__init__()
@@ -221,16 +178,14 @@ class _StandIn(nn.Module):
 
 
 def count_parts(model: nn.Module, inputs: Any, backbone_name: str, backbone_input: torch.Tensor, config: str,
-                counted: Counted, analysis: Callable = fvcore_analysis,
+                counted: Counted, analysis: Optional[Callable] = None,
                 heads_counted: Callable = nullcontext) -> Counter:
-    """FLOPs by operator of ``model(inputs)`` as one trace by ``analysis`` counts them, in two parts: the
-    backbone (the submodule ``backbone_name``, which the model calls on ``backbone_input``),
-    each distinct block application traced once; the rest, traced with a ``_StandIn`` for the
-    backbone once per ``config`` (the model's config without the backbone) and backbone shapes,
-    in ``heads_counted(model)``."""
+    """FLOPs by operator of ``model(inputs)``, as one trace by ``analysis`` counts them: the backbone
+    (submodule ``backbone_name``, called on ``backbone_input``) by ``count_flops_by_operator``, the
+    rest with a ``_StandIn`` backbone once per ``config`` (without the backbone) and backbone shapes,
+    inside ``heads_counted(model)``."""
     parent_name, _, name = backbone_name.rpartition(".")
-    parent = model.get_submodule(parent_name)
-    backbone = getattr(parent, name)
+    parent, backbone = model.get_submodule(parent_name), model.get_submodule(backbone_name)
     outputs = []
     hook = backbone.register_forward_hook(lambda module, args, output: outputs.append(output))
     try:
@@ -249,24 +204,27 @@ def count_parts(model: nn.Module, inputs: Any, backbone_name: str, backbone_inpu
 
 
 @contextmanager
-def proposals_checked(set_nms_threshold: Callable[[float], float], num_proposals: Callable[[], int], expected: int):
-    """The RPN's NMS off (``set_nms_threshold(1.0)``, which returns the threshold it replaces: NMS
-    has no FLOPs, and on a stand-in's zero features it would drop many proposals); after the
-    count, the box head must have run on all ``expected`` proposals (``num_proposals()``), as it
-    does on real features. A detector adapter's ``heads_counted`` for ``count_parts``."""
-    threshold = set_nms_threshold(1.0)
+def proposals_checked(nms: Any, threshold: str, module: nn.Module, proposals: Callable, expected: int):
+    """A detector adapter's ``heads_counted`` for ``count_parts``: the RPN's NMS off (``nms.<threshold>``
+    1.0: NMS has no FLOPs, and on zero features it would drop proposals); after the count, the box head
+    must have run on the ``expected`` proposals (``proposals(args, output)`` of ``module``'s first call)."""
+    seen, old = [], getattr(nms, threshold)
+    setattr(nms, threshold, 1.0)
+    hook = module.register_forward_hook(lambda m, args, output: seen.append(proposals(args, output)))
     try:
         yield
     finally:
-        set_nms_threshold(threshold)
-    if num_proposals() != expected:
-        raise RuntimeError(f"the box head ran on {num_proposals()} proposals, not the {expected} it runs on at "
+        setattr(nms, threshold, old)
+        hook.remove()
+    got = seen[0] if seen else 0
+    if got != expected:
+        raise RuntimeError(f"the box head ran on {got} proposals, not the {expected} it runs on at "
                            f"test time: the count would be too low (count with --plain)")
 
 
 def main(argv=None):
     """``python -m srvit_backbones.flops SCRIPT [ARGS...]``: run a framework's FLOP tool (SCRIPT,
-    e.g. detectron2's tools/analyze_model.py) with fused attention counted (``count_fused_attention``)."""
+    e.g. detectron2's tools/analyze_model.py) with fused attention counted."""
     import argparse
     import runpy
     import sys

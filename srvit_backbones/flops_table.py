@@ -1,28 +1,9 @@
-"""Table 2 (classification) figures are fvcore multiply-adds, attention matmuls included.
-
-Table 4 rows (--task detection at the config's square pad, 1024x1024; --task segmentation at
-its crop size, 512x512; one image) carry three counts, because the paper's figures follow two
-other conventions than the cost a user pays:
-  gflops       the paper's convention. Detection: fvcore multiply-adds without the fused
-               attention (fvcore has no handle for scaled_dot_product_attention, so it was not
-               counted). Segmentation: 2x the multiply-adds, attention included, and the
-               backbone's last block counted although its output is unused (the shipped
-               segmentors no longer hold nor run it; its cost is added back, measured on it).
-  gflops_run   the same convention for what the shipped model runs: segmentation without the
-               unused block; detection as gflops.
-  gflops_full  fvcore multiply-adds of everything the shipped model runs, attention included
-               (the convention of Table 2): what a forward pass costs.
-params_m is the paper's (segmentation: the unused block's parameters added back), params_m_run
-what the shipped model holds. A detector's box head runs on its 1000 test proposals; the per-detection mask head
-is not counted (nor was it in the paper's figures): the count raises the box predictors' score
-threshold above 1, so that nothing is detected (at random initialisation a softmax head detects
-nothing anyway; the LVIS configs' sigmoid heads would, and their NMS over 1000 proposals x 1203
-classes takes minutes on a CPU).
-
-The figures are those of one fvcore trace of each whole model (--plain), counted faster: each
-distinct block application of a backbone traced once and multiplied (srvit_backbones.flops), and
-the neck and heads once for the configs that differ only in their backbone, with the RPN's NMS
-off (it has no FLOPs; the box head is checked to run on all its proposals).
+"""The rows of tools/count_flops.py: Table 2 (classification: multiply-adds, attention included) and
+Table 4 (a detector at 1024x1024, a segmentor at its 512x512 crop): ``gflops`` in the paper's convention
+(detection: multiply-adds without the fused attention; segmentation: 2x multiply-adds with the unused
+last block), ``gflops_run`` that convention for what the shipped model runs, ``gflops_full`` the
+multiply-adds a forward pass costs; ``params_m`` the paper's, ``params_m_run`` held. A detector's mask
+head is not counted. See docs/detectron2.md and docs/mmseg.md.
 """
 import os
 from typing import Dict, List, Sequence, Tuple
@@ -36,8 +17,7 @@ from .models import VARIANTS, create_srvit
 
 
 def measure_variant(name: str, size: Tuple[int, int], num_classes: int, plain: bool = False) -> Dict:
-    """A Table 2 row: the variant ``name`` as a classifier of ``num_classes`` (0: the backbone)
-    on one (H, W) ``size`` image."""
+    """A Table 2 row: the variant ``name`` with ``num_classes`` (0: the backbone) on one (H, W) image."""
     model = create_srvit(name, num_classes=num_classes, img_size=size)
     x = torch.randn(1, 3, *size)
     return dict(model=name, T=model.num_steps, d_eff=model.effective_depth,
@@ -47,8 +27,10 @@ def measure_variant(name: str, size: Tuple[int, int], num_classes: int, plain: b
 
 def classification_rows(models: Sequence[str], size: Sequence[int], num_classes: int = 1000,
                         plain: bool = False) -> List[Dict]:
-    """The Table 2 rows of the variants ``models`` at ``size`` (S for a square, or H W: count_flops'
-    ``--size``); a ValueError names what is wrong before anything is counted."""
+    """The Table 2 rows of the variants ``models`` at ``size`` (S for a square, or H W).
+
+    Raises:
+        ValueError: a bad size or an unknown model, before anything is counted."""
     if len(size) not in (1, 2):
         raise ValueError("--size takes one (square) or two (H W) values")
     size = tuple(size) * (2 // len(size))
@@ -59,8 +41,7 @@ def classification_rows(models: Sequence[str], size: Sequence[int], num_classes:
 
 
 def config_name(path: str) -> str:
-    """The row's name: the config's file name, with its shipped subfolder where it has one
-    (``cascade/`` and ``lvis/`` hold configs of the same names)."""
+    """The config's file name, with its shipped subfolder (``cascade/``, ``lvis/``) where it has one."""
     name = os.path.splitext(os.path.basename(path))[0]
     framework = shipped_in(path)
     if framework:
@@ -72,16 +53,14 @@ def config_name(path: str) -> str:
 
 def table_row(path: str, task: str, size: Tuple[int, int], params: int, params_run: int, gflops: float,
               gflops_run: float, gflops_full: float) -> Dict:
-    """A Table 4 row of the config ``path`` (see the module's docstring for the columns), from
-    counts in parameters and FLOPs: what ``FrameworkAdapter.count_flops`` returns."""
+    """A Table 4 row of the config ``path`` from counts in parameters and FLOPs."""
     return dict(model=config_name(path), task=task, input=f"{size[0]}x{size[1]}",
                 params_m=params / 1e6, params_m_run=params_run / 1e6, gflops=gflops / 1e9,
                 gflops_run=gflops_run / 1e9, gflops_full=gflops_full / 1e9)
 
 
 def format_table(rows: List[Dict], task: str) -> str:
-    """count_flops' printed table: Table 2's columns for ``classification``, Table 4's with a
-    line on the conventions otherwise."""
+    """count_flops' printed table of ``rows`` (Table 2's columns for ``classification``, else Table 4's)."""
     if task == "classification":
         return "\n".join([f"{'model':<14} {'T':>2} {'D_eff':>5} {'params (M)':>10} {'GFLOPs':>8}  input"] + [
             f"{r['model']:<14} {r['T']:>2} {r['d_eff']:>5} {r['params_m']:>10.3f} {r['gflops']:>8.2f}  {r['input']}"

@@ -1,6 +1,4 @@
-"""The images the tools read (tools/demo.py, visualize_mixture.py, merge_fidelity.py): which
-files ``--input`` names, and an image as the backbone takes it (resized, ImageNet-normalised as
-in pretraining). numpy, PIL and torch only."""
+"""The images the tools read: which files ``--input`` names, and an image as the backbone takes it."""
 import glob
 import os
 from typing import List, Optional, Sequence
@@ -15,29 +13,25 @@ from .errors import InputError
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 
 
-def is_image(path: str) -> bool:
-    return path.lower().endswith(IMAGE_EXTENSIONS)
-
-
 def find_images(inputs: Sequence[str], recursive: bool = True) -> List[str]:
-    """Sorted absolute paths of the images that ``inputs`` name: a file as it is, a folder's
-    images (those of its subfolders too when ``recursive``), a glob pattern's images (``**``
-    matching any depth). An ``InputError`` names an input that does not exist, or says that none
-    of them is an image."""
+    """Sorted absolute paths of the images that ``inputs`` name: files, folders' images (subfolders
+    too when ``recursive``), glob patterns' images.
+
+    Raises:
+        InputError: an input does not exist, or none is an image."""
     found = []
     for item in inputs:
-        if os.path.isdir(item):
-            if recursive:
-                found += [os.path.join(folder, name) for folder, _, names in os.walk(item) for name in names
-                          if is_image(name)]
-            else:
-                found += [entry.path for entry in os.scandir(item) if entry.is_file() and is_image(entry.name)]
-        elif os.path.isfile(item):
+        if os.path.isfile(item):
             found.append(item)
+            continue
+        if os.path.isdir(item):
+            listed = ([os.path.join(folder, name) for folder, _, names in os.walk(item) for name in names]
+                      if recursive else [entry.path for entry in os.scandir(item) if entry.is_file()])
         elif glob.has_magic(item):
-            found += [p for p in glob.glob(item, recursive=True) if is_image(p) and os.path.isfile(p)]
+            listed = [p for p in glob.glob(item, recursive=True) if os.path.isfile(p)]
         else:
             raise InputError(f"--input {item!r} does not exist: give image files, folders of images or globs")
+        found += [p for p in listed if p.lower().endswith(IMAGE_EXTENSIONS)]
     found = sorted(set(os.path.abspath(p) for p in found))
     if not found:
         raise InputError(f"no images found in --input {' '.join(inputs)} (looked for files ending in "
@@ -46,9 +40,8 @@ def find_images(inputs: Sequence[str], recursive: bool = True) -> List[str]:
 
 
 def load_image(path: Optional[str], size: int, keep_aspect: bool = False, patch: int = 16) -> np.ndarray:
-    """RGB uint8 (H, W, 3), resized bicubically to size x size, or with ``keep_aspect`` to the
-    short side ``size`` and the long side the multiple of ``patch`` nearest to the aspect ratio.
-    ``path`` None: scikit-image's astronaut photo."""
+    """RGB uint8 (H, W, 3) resized to size x size, or with ``keep_aspect`` the short side to ``size``
+    and the long side to a multiple of ``patch``. ``path`` None: scikit-image's astronaut photo."""
     if path is None:
         from skimage import data
 
@@ -63,7 +56,7 @@ def load_image(path: Optional[str], size: int, keep_aspect: bool = False, patch:
 
 
 def to_batch(image: np.ndarray) -> torch.Tensor:
-    """(1, 3, H, W) of an RGB uint8 image, normalised with ImageNet's mean and std as in pretraining."""
+    """(1, 3, H, W) of an RGB uint8 image, ImageNet-normalised as in pretraining."""
     x = torch.from_numpy(image).permute(2, 0, 1).float().div(255)
     mean, std = torch.tensor(IMAGENET_DEFAULT_MEAN), torch.tensor(IMAGENET_DEFAULT_STD)
     return ((x - mean[:, None, None]) / std[:, None, None])[None]

@@ -1,8 +1,5 @@
-"""How much token merging changes a trained backbone's dense features (tools/merge_fidelity.py):
-for each merge ratio, the cosine similarity between every feature map of the merged and the
-unmerged model, per token (a stride-16 feature vector), averaged over the tokens and images,
-and the relative L2 error. The features are those dense heads take by default
-(``default_feature_indices``) and the last block's output. torch and timm only."""
+"""Token merging's effect on a trained backbone's dense features (tools/merge_fidelity.py): per merge
+ratio, per-token cosine similarity and relative L2 error of each feature map against the unmerged's."""
 from typing import Any, Dict, Sequence, Tuple
 
 import numpy as np
@@ -18,10 +15,10 @@ Fidelity = Dict[float, Dict[str, Dict[str, float]]]
 
 
 def fidelity_model(variant: str, overrides: Sequence[Tuple[str, Any]], checkpoint: str, size: int) -> torch.nn.Module:
-    """The variant (with ``overrides``, its position table at ``size`` unless they set
-    ``img_size``) in eval mode with the backbone of ``checkpoint`` (pretraining, detectron2 or
-    mmseg: found inside it); a ``CheckpointError`` when backbone tensors are missing (a checkpoint
-    of another variant) or do not fit."""
+    """The variant (position table at ``size`` unless ``overrides`` set it) in eval mode with ``checkpoint``'s backbone.
+
+    Raises:
+        CheckpointError: backbone tensors are missing (another variant's checkpoint) or do not fit."""
     kwargs = dict(overrides)
     kwargs.setdefault("img_size", size)
     model = create_srvit(variant, num_classes=0, **kwargs).eval()
@@ -36,8 +33,8 @@ def fidelity_model(variant: str, overrides: Sequence[Tuple[str, Any]], checkpoin
 
 @torch.no_grad()
 def fidelity(model, images: Sequence[torch.Tensor], ratios: Sequence[float]) -> Fidelity:
-    """{ratio: {feature: {"cosine": mean per-token cosine, "cosine_min": lowest image mean,
-    "rel_l2": ||merged - ref|| / ||ref||}}}, averaged over ``images`` (each (1, 3, H, W))."""
+    """``Fidelity`` over ``images`` (each (1, 3, H, W)): mean per-token cosine, the lowest image's,
+    ||merged - ref|| / ||ref||."""
     results = {}
     for ratio in ratios:
         sums = {}

@@ -1,15 +1,5 @@
-"""Pictures of the soft router on real images, in the style of the paper's Figure 4
-(tools/visualize_mixture.py). For every recursive unit with a router: the step each token
-weights most (argmax) and how undecided the router is (the mixture's entropy / log T: 0 = all
-weight on one step, 1 = uniform), overlaid on the image, and the mean weight per step over the
-tokens (``draw_pictures``, one PNG per image); ``draw_summary``: the mean weight per step over
-all tokens of all images.
-
-The model is the variant a checkpoint (pretraining, detectron2 or mmseg: the backbone is found
-inside it) was trained as, with the checkpoint's position table, resized to each input as the
-frameworks do (``build_model``). Framework-free: torch, timm, matplotlib (its ``Figure``: no
-pyplot, no backend chosen), PIL.
-"""
+"""The soft router on real images, as the paper's Figure 4 (tools/visualize_mixture.py): per routed unit,
+each token's argmax step and mixture entropy / log T, and the mean weight per step (matplotlib, no pyplot)."""
 import math
 import os
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -21,8 +11,9 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .amp import amp_dtype, autocast
+from .amp import autocast
 from .checkpoint import LoadReport, load_pretrained, read_checkpoint
+from .demo import check_device
 from .errors import ConfigError, InputError
 from .export import RESERVED, table_img_size
 from .images import load_image, to_batch
@@ -34,18 +25,13 @@ Stats = Dict[int, Dict[str, torch.Tensor]]
 def build_model(variant: str, overrides: Sequence[Tuple[str, object]] = (), checkpoint: str = "", ema: bool = False,
                 size: int = 224, amp: bool = False,
                 device: str = "cpu") -> Tuple[torch.nn.Module, List[int], Optional[LoadReport]]:
-    """(the variant with the checkpoint's weights, or random ones, cut after its last routed unit,
-    its routed units, the checkpoint's ``LoadReport``: None for a random model).
+    """(the variant with the weights and position table of ``checkpoint`` (pretraining, detectron2 or
+    mmseg; none: random), cut after its last routed unit; its routed units; the ``LoadReport``).
 
     Raises:
         CheckpointError: a file that is no checkpoint, or one that does not fit (another width or T).
-        ConfigError: a reserved argument, no router, ``size`` not a multiple of the patch size,
-            ``amp`` where the device has none."""
-    if amp:
-        try:
-            amp_dtype(device)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+        ConfigError: a reserved argument, no router, ``size`` not a multiple of the patch size, no amp."""
+    check_device(device, amp)
     overrides = dict(overrides)
     reserved = sorted(set(overrides) & set(RESERVED))
     if reserved:
@@ -58,7 +44,7 @@ def build_model(variant: str, overrides: Sequence[Tuple[str, object]] = (), chec
         model = create_srvit(variant, **dict(kwargs, **overrides))
     except (TypeError, ValueError) as e:
         raise ConfigError(f"cannot build {variant} with {overrides}: {e}") from None
-    units = routed_units(model)
+    units = [i for i in model.recursive_unit_indices if model.units[i].router is not None]
     if not units:
         raise ConfigError(f"{variant} (T={model.num_steps}, aggregation "
                           f"'{model.units[1].aggregation}') has no router: T=1 and 'last' aggregation use no mixture "
@@ -68,15 +54,16 @@ def build_model(variant: str, overrides: Sequence[Tuple[str, object]] = (), chec
         lower = size // patch * patch
         near = f"{lower} or {lower + patch}" if lower >= patch else f"{patch}"
         raise ConfigError(f"--size {size} is not a multiple of the patch size {patch}: use {near}")
-    # the units after the last router (and the final norm, the classifier) play no part
     model.prune_intermediate_layers(units, prune_norm=True)
     report = load_pretrained(model, weights, prefer_ema=ema) if weights is not None else None
     return model.eval().to(device), units, report
 
 
 def picture_names(paths: Sequence[Optional[str]]) -> List[str]:
-    """The name each image's pictures take (its file's stem; "astronaut" for None), or an
-    ``InputError`` when two images share one."""
+    """The name each image's pictures take (its file's stem; "astronaut" for None).
+
+    Raises:
+        InputError: two images share one."""
     stems = [os.path.splitext(os.path.basename(p))[0] if p is not None else "astronaut" for p in paths]
     twins = sorted({s for s in stems if stems.count(s) > 1})
     if twins:
@@ -85,15 +72,9 @@ def picture_names(paths: Sequence[Optional[str]]) -> List[str]:
     return stems
 
 
-def routed_units(model) -> List[int]:
-    """The recursive units that have a router (T > 1, aggregation 'soft' or 'hard')."""
-    return [i for i in model.recursive_unit_indices if model.units[i].router is not None]
-
-
 def mixture_stats(model, x: torch.Tensor, units: Sequence[int], amp: bool = False, device: str = "cpu") -> Stats:
-    """Per unit: the (T, h, w) mixture weights, the argmax step (0-based), the entropy divided
-    by log T (rounding clamped to [0, 1]), and per step the mean weight and the share of tokens
-    whose argmax it is (both over the tokens, each summing to 1)."""
+    """Per unit: the (T, h, w) mixture weights, the argmax step, the entropy / log T, and per step
+    the mean weight and the share of tokens whose argmax it is."""
     with torch.no_grad(), autocast(device, amp):
         feats = model.forward_feature_maps(x.to(device), indices=list(units), return_mixture=True)
     stats = {}
@@ -110,9 +91,8 @@ def mixture_stats(model, x: torch.Tensor, units: Sequence[int], amp: bool = Fals
 
 def draw_pictures(model, units: Sequence[int], paths: Sequence[Optional[str]], names: Sequence[str], size: int,
                   keep_aspect: bool, out_dir: str, amp: bool = False, device: str = "cpu") -> Iterator[dict]:
-    """For each image (``paths``: files, None: the astronaut photo) ``out_dir/NAME_mixture.png``
-    (``names``: ``picture_names(paths)``); yields, image by image, dict(path, png, size (h, w),
-    panels: the panel titles, units: ``mixture_stats``)."""
+    """Draw each image (``paths``: files, None: the astronaut photo) to ``out_dir/NAME_mixture.png``
+    (``names``: ``picture_names(paths)``); yields dict(path, png, size, panels, units: ``mixture_stats``)."""
     os.makedirs(out_dir, exist_ok=True)
     for path, name in zip(paths, names):
         image = load_image(path, size, keep_aspect, model.patch_size)
@@ -123,8 +103,8 @@ def draw_pictures(model, units: Sequence[int], paths: Sequence[Optional[str]], n
 
 
 def draw_summary(model, images: Sequence[dict], out_dir: str) -> Tuple[Stats, str, int]:
-    """(per unit the mean weight and argmax share per step over all tokens of ``images``
-    (``draw_pictures``' results), ``out_dir/summary.png`` that draws them, the tokens per unit)."""
+    """(per unit the mean weight and argmax share per step over all tokens of ``draw_pictures``'
+    ``images``, ``out_dir/summary.png`` that draws them, the tokens per unit)."""
     sums, tokens = {}, 0
     for image in images:
         n = next(iter(image["units"].values()))["argmax"].numel()
@@ -133,20 +113,23 @@ def draw_summary(model, images: Sequence[dict], out_dir: str) -> Tuple[Stats, st
             sums[i] = total if i not in sums else sums[i] + total
         tokens += n
     summary = {i: dict(mean_weight=total[0] / tokens, argmax_share=total[1] / tokens) for i, total in sums.items()}
-    summary_png = os.path.join(out_dir, "summary.png")
-    plot_summary(model, summary, summary_png, len(images), tokens)
-    return summary, summary_png, tokens
+    fig = Figure(figsize=(3.6 * len(summary), 3.4), layout="constrained")
+    for k, (ax, (i, s)) in enumerate(zip(fig.subplots(1, len(summary), squeeze=False)[0], summary.items())):
+        draw_bars(ax, s["mean_weight"], s["argmax_share"], unit_label(model, i), k == 0)
+    fig.suptitle(f"weight per step over {len(images)} image(s), {tokens} tokens per unit")
+    fig.savefig(os.path.join(out_dir, "summary.png"), dpi=100, bbox_inches="tight")
+    return summary, os.path.join(out_dir, "summary.png"), tokens
 
 
 def describe_image(image: dict) -> str:
-    """One line of ``draw_pictures``' result: its size, each unit's mean weight per step."""
+    """One line of a ``draw_pictures`` result: its size, each unit's mean weight per step."""
     height, width = image["size"]
     return f"{width}x{height}, mean weight per step " + "; ".join(
         f"unit {i} " + "/".join(f"{w:.2f}" for w in s["mean_weight"].tolist()) for i, s in image["units"].items())
 
 
 def describe_summary(model, summary: Stats) -> str:
-    """A line per unit of ``draw_summary``'s statistics: the mean weight and argmax share per step."""
+    """A line per unit of ``draw_summary``'s statistics."""
     return "\n".join(f"  {unit_label(model, i)}: mean weight per step " + " ".join(f"{w:.3f}" for w in s["mean_weight"])
                      + ", argmax share " + " ".join(f"{w:.3f}" for w in s["argmax_share"]) for i, s in summary.items())
 
@@ -176,8 +159,7 @@ def draw_bars(ax, mean_weight: torch.Tensor, argmax_share: torch.Tensor, title: 
 
 
 def plot_image(model, image: np.ndarray, stats: Stats, out: str, name: str) -> List[str]:
-    """One row per unit: argmax step and entropy over the image, and the mean weight per step.
-    Returns the panel titles, row by row."""
+    """One row per unit: argmax step, entropy, weight per step. Returns the panel titles."""
     height, width = image.shape[:2]
     extent = (0, width, height, 0)  # each token covers its patch
     fig = Figure(figsize=(3 * width / height * 2 + 3.5, 3.3 * len(stats)), layout="constrained")
@@ -202,12 +184,3 @@ def plot_image(model, image: np.ndarray, stats: Stats, out: str, name: str) -> L
     fig.savefig(out, dpi=100, bbox_inches="tight")
     return [ax.get_title() for ax in axes.flat]
 
-
-def plot_summary(model, summary: Stats, out: str, n_images: int, n_tokens: int):
-    """The mean weight and argmax share per step of every unit, over all tokens of all images."""
-    fig = Figure(figsize=(3.6 * len(summary), 3.4), layout="constrained")
-    axes = fig.subplots(1, len(summary), squeeze=False)
-    for k, (ax, (i, s)) in enumerate(zip(axes[0], summary.items())):
-        draw_bars(ax, s["mean_weight"], s["argmax_share"], unit_label(model, i), k == 0)
-    fig.suptitle(f"weight per step over {n_images} image(s), {n_tokens} tokens per unit")
-    fig.savefig(out, dpi=100, bbox_inches="tight")

@@ -1,6 +1,4 @@
-"""detectron2's demo (``Detectron2Adapter.build_demo``, tools/demo.py): ``DefaultPredictor``
-for LazyConfigs (``srvit_backbones.detectron2.predictor``; detectron2's demo/demo.py reads only
-yacs configs) and ``Visualizer``, with the test dataset's metadata (class names, category ids)."""
+"""detectron2's demo (``Detectron2Adapter.build_demo``): ``LazyConfigPredictor`` and ``Visualizer``."""
 from ..demo import DetectionDemo, read_weights, refused_unless_it_fits
 from .predictor import LazyConfigPredictor
 
@@ -14,11 +12,9 @@ def set_score_threshold(cfg, score_threshold: float) -> None:
 
 class Detectron2Demo(DetectionDemo):
     """Args:
-        cfg: a LazyConfig (``Detectron2Adapter.load_config``); its box predictors' test score
-            threshold (a cascade's three) is set to ``score_threshold``, what the detector returns at all.
+        cfg, score_threshold: a LazyConfig, its box predictors' test score threshold.
         checkpoint: tools/train_net.py's model_final.pth, refused unless it fits the model entirely.
-        device, amp: where the model runs, and in mixed precision (``srvit_backbones.amp``).
-        hint: the fix a refused checkpoint's error names (the adapter's ``checkpoint_hint``)."""
+        device, amp, hint: where the model runs, in mixed precision; the fix a refused checkpoint's error names."""
 
     def __init__(self, cfg, checkpoint: str, device: str = "cpu", amp: bool = False, score_threshold: float = 0.5,
                  hint: str = ""):
@@ -29,8 +25,7 @@ class Detectron2Demo(DetectionDemo):
         self.score_threshold = score_threshold
 
     def predict(self, path):
-        """(the image with its predictions drawn, the Instances scoring above the threshold, in
-        the image's pixels)."""
+        """(the image with its predictions drawn, the Instances scoring above the threshold)."""
         from detectron2.data import detection_utils
         from detectron2.utils.visualizer import ColorMode, Visualizer
 

@@ -1,6 +1,6 @@
-"""detectron2's ``DefaultPredictor`` for the LazyConfigs of ``detectron2_configs/`` (it reads
-yacs configs only), with what ``tools/demo.py`` adds: a checkpoint loaded only when it fits the
-model entirely, and mixed precision (bf16 on a CPU with native bf16)."""
+"""detectron2's ``DefaultPredictor`` for LazyConfigs (it reads yacs configs only), loading a
+checkpoint only when it fits the model entirely, with mixed precision."""
+from types import SimpleNamespace
 from typing import Mapping
 
 import torch
@@ -13,39 +13,23 @@ from ..amp import autocast
 from ..checkpoint import require_fit
 
 
-class _TestAugmentations:
-    """The config's test-time augmentations behind the one ``get_transform(image)`` that
-    ``DefaultPredictor`` calls on its resize."""
-
-    def __init__(self, augmentations):
-        self.augmentations = T.AugmentationList(augmentations)
-
-    def get_transform(self, image):
-        return self.augmentations(T.AugInput(image))
-
-
 class LazyConfigPredictor(DefaultPredictor):
-    """Args:
-        cfg: a LazyConfig: its model, its test mapper's augmentations and image format, its
-            test dataset's metadata (``self.metadata``, for detectron2's ``Visualizer``).
-        weights: a trained model's state dict (``model_final.pth``'s ``"model"``), loaded only
-            when every tensor fits (``srvit_backbones.checkpoint.require_fit``).
-        device: where the model runs.
-        amp: mixed precision (``srvit_backbones.amp``: fp16 on CUDA, bf16 on the CPU).
-        source: how messages name the checkpoint.
+    """Called as ``DefaultPredictor`` (on a BGR image); the instances come back float32 on the CPU.
 
-    Called as ``DefaultPredictor``, on a BGR image; returns the model's outputs with the
-    instances float32 on the CPU, whatever the precision they were computed in."""
+    Args:
+        cfg: a LazyConfig: its model, test mapper and test dataset's metadata (``self.metadata``).
+        weights: a trained model's state dict, loaded only when every tensor fits.
+        device, amp, source: where the model runs, in mixed precision; how messages name the checkpoint."""
 
     def __init__(self, cfg, weights: Mapping[str, torch.Tensor], device: str = "cpu", amp: bool = False,
                  source: str = "the checkpoint"):
-        # what DefaultPredictor.__init__ takes from a yacs config, taken from the LazyConfig
         self.cfg = CfgNode({"MODEL": {"DEVICE": device}})  # DefaultPredictor.__call__ reads it
         self.model = instantiate(cfg.model).to(device).eval()
         require_fit(weights, self.model, source, "the detectron2 config's model")
         self.model.load_state_dict(weights)
         mapper = cfg.dataloader.test.mapper
-        self.aug = _TestAugmentations(instantiate(mapper.augmentations))
+        augmentations = T.AugmentationList(instantiate(mapper.augmentations))
+        self.aug = SimpleNamespace(get_transform=lambda image: augmentations(T.AugInput(image)))  # what __call__ calls
         self.input_format = mapper.image_format
         names = cfg.dataloader.test.dataset.names
         self.metadata = MetadataCatalog.get(names if isinstance(names, str) else names[0])

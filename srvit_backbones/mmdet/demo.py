@@ -1,6 +1,4 @@
-"""mmdet's demo (``MMDetAdapter.build_demo``, tools/demo.py): ``DetInferencer``
-(``srvit_backbones.mmdet.inference``), which draws with ``DetLocalVisualizer``, and the category
-ids of the test annotation file when it is there."""
+"""mmdet's demo (``MMDetAdapter.build_demo``): ``DetInferencer``, COCO category ids of the test set."""
 import json
 import os
 
@@ -12,11 +10,9 @@ from .inference import SRViTDetInferencer
 
 class MMDetDemo(DetectionDemo):
     """Args:
-        cfg: an mmdet config (``MMDetAdapter.load_config``); an R-CNN's test ``score_thr`` is set
-            to ``score_threshold``, what the detector returns at all.
+        cfg, score_threshold: an mmdet config, an R-CNN's test ``score_thr``.
         checkpoint: tools/train_det.py's iter_N.pth, refused unless it fits the model entirely.
-        device, amp: where the model runs, and in mixed precision (``srvit_backbones.amp``).
-        hint: the fix a refused checkpoint's error names (the adapter's ``checkpoint_hint``)."""
+        device, amp, hint: where the model runs, in mixed precision; the fix a refused checkpoint's error names."""
 
     def __init__(self, cfg, checkpoint: str, device: str = "cpu", amp: bool = False, score_threshold: float = 0.5,
                  hint: str = ""):
@@ -28,8 +24,7 @@ class MMDetDemo(DetectionDemo):
 
     @staticmethod
     def _category_ids(cfg, classes):
-        """The dataset's category id of each label, from the COCO annotation file the config's
-        test set names (as mmdet's CocoMetric maps them); label indices when there is none."""
+        """Each label's category id in the test set's COCO annotation file; label indices without one."""
         dataset = cfg.test_dataloader.dataset
         ann_file = os.path.join(dataset.get("data_root") or "", dataset.get("ann_file") or "")
         if not os.path.isfile(ann_file):

@@ -1,7 +1,4 @@
-"""An mmdet detector's parameters and FLOPs, whole (tools/count_flops.py --task detection
---framework mmdet; ``MMDetAdapter.count_flops``): as ``srvit_backbones.detectron2.flops``."""
-import copy
-from contextlib import contextmanager
+"""An mmdet detector's Table 4 row (tools/count_flops.py, ``MMDetAdapter.count_flops``)."""
 
 import torch
 import torch.nn as nn
@@ -29,30 +26,17 @@ class _Predict(nn.Module):
         return result.bboxes, result.scores
 
 
-@contextmanager
 def _proposals(predict):
     """``proposals_checked`` for an mmdet detector: the rois of the first stage's box head counted."""
-    model, seen = predict.model, []
-    nms = model.rpn_head.test_cfg.nms
-
-    def set_nms_threshold(value):
-        nms.iou_threshold, old = value, nms.iou_threshold
-        return old
-
-    extractor = model.roi_head.bbox_roi_extractor
+    model, extractor = predict.model, predict.model.roi_head.bbox_roi_extractor
     first = extractor[0] if isinstance(extractor, nn.ModuleList) else extractor
-    hook = first.register_forward_pre_hook(lambda module, args: seen.append(len(args[1])))
-    try:
-        with proposals_checked(set_nms_threshold, lambda: seen[0] if seen else 0,
-                               model.rpn_head.test_cfg.max_per_img):
-            yield
-    finally:
-        hook.remove()
+    return proposals_checked(model.rpn_head.test_cfg.nms, "iou_threshold", first, lambda args, output: len(args[1]),
+                             model.rpn_head.test_cfg.max_per_img)
 
 
 def count_detector(path: str, counted: Counted, plain: bool = False) -> dict:
-    """The Table 4 row of the mmdet config ``path``: the whole Mask R-CNN's prediction (backbone,
-    pyramid, RPN, box head on the test proposals) on a square image of the test resize's size."""
+    """The Table 4 row of the mmdet config ``path``: its ``predict`` on a square image of the test
+    resize's size, by ``count_parts`` (``plain``: one trace)."""
     register_all_modules()
     cfg = Config.fromfile(path)
     resize = next((t for t in cfg.test_dataloader.dataset.pipeline if t.type == "Resize"), None)
@@ -65,10 +49,8 @@ def count_detector(path: str, counted: Counted, plain: bool = False) -> dict:
     if plain:
         counts = count_by_operator(predict, (x,))
     else:
-        heads = copy.deepcopy(cfg.model)
-        heads.pop("backbone")
-        counts = count_parts(predict, (x,), "model.backbone", x, repr(heads.to_dict()), counted,
-                             heads_counted=_proposals)
+        heads = repr({k: v for k, v in cfg.model.to_dict().items() if k != "backbone"})
+        counts = count_parts(predict, (x,), "model.backbone", x, heads, counted, heads_counted=_proposals)
     full, attention = attention_split(counts)
     params = count_params(model)
     return table_row(path, "detection", (side, side), params, params, full - attention, full - attention, full)

@@ -1,5 +1,4 @@
-"""mmdet's ``DetInferencer`` with the additions of ``srvit_backbones.openmmlab.inference``
-(``tools/demo.py``'s detector); imported on its own, as ``mmdet.apis`` is large."""
+"""mmdet's ``DetInferencer`` with ``CheckedWeightsInferencer`` (a module of its own: mmdet.apis is large)."""
 from mmdet.apis import DetInferencer
 from mmdet.registry import DATASETS
 

@@ -1,16 +1,13 @@
-"""mmseg's demo (``MMSegAdapter.build_demo``, tools/demo.py): ``MMSegInferencer``
-(``srvit_backbones.mmseg.inference``), which draws with ``SegLocalVisualizer``; its raw output is
-the class index of every pixel."""
+"""mmseg's demo (``MMSegAdapter.build_demo``): ``MMSegInferencer``; its raw output is the label map."""
 from ..demo import Demo
 from .inference import SRViTSegInferencer
 
 
 class MMSegDemo(Demo):
     """Args:
-        cfg: an mmseg config (``MMSegAdapter.load_config``).
+        cfg: an mmseg config.
         checkpoint: tools/train_seg.py's iter_N.pth, refused unless it fits the model entirely.
-        device, amp: where the model runs, and in mixed precision (``srvit_backbones.amp``).
-        hint: the fix a refused checkpoint's error names (the adapter's ``checkpoint_hint``).
+        device, amp, hint: where the model runs, in mixed precision; the fix a refused checkpoint's error names.
         opacity: of the drawn class colours."""
 
     raw_output = "label_maps"
@@ -21,7 +18,7 @@ class MMSegDemo(Demo):
         self.opacity = opacity
 
     def predict(self, path):
-        """(the image with its segmentation drawn, the class index of every pixel: an int64 HxW array)."""
+        """(the image with its segmentation drawn, the (H, W) class index of every pixel)."""
         out = self.inferencer(path, return_vis=True, opacity=self.opacity)
         return out["visualization"], out["predictions"]
 

@@ -1,5 +1,4 @@
-"""mmseg's ``MMSegInferencer`` with the additions of ``srvit_backbones.openmmlab.inference``
-(``tools/demo.py``'s segmentor); imported on its own, as ``mmseg.apis`` is large."""
+"""mmseg's ``MMSegInferencer`` with ``CheckedWeightsInferencer`` (a module of its own: mmseg.apis is large)."""
 from mmseg.apis import MMSegInferencer
 from mmseg.registry import DATASETS
 

@@ -1,9 +1,5 @@
-"""What ``tools/demo.py`` adds to mmdet's ``DetInferencer`` and mmseg's ``MMSegInferencer``
-(``srvit_backbones.mmdet.inference`` / ``srvit_backbones.mmseg.inference`` put it in front of
-them): the weights loaded only when they fit the model entirely (mmengine's loader logs a
-partial load), the classes of the config's test dataset for a checkpoint that does not name its
-own (not the framework's default, COCO or Cityscapes), and mixed precision with float32
-predictions. mmengine only here."""
+"""What tools/demo.py adds to mmdet's and mmseg's inferencers: weights loaded only when they fit, the test
+dataset's classes for a checkpoint that names none, mixed precision with float32 predictions."""
 import re
 from typing import Mapping, Optional
 
@@ -16,13 +12,12 @@ from ..demo import read_weights, refused_unless_it_fits
 
 
 class CheckedWeightsInferencer:
-    """Mixin before an mmengine inferencer. Args (then the inferencer's own keyword arguments):
-        cfg: the config (``Config``).
-        checkpoint: a checkpoint read already (``{"state_dict": ..., "meta": ...}`` or weights).
-        source: how messages name the checkpoint.
-        device: where the model runs.
-        amp: mixed precision (``srvit_backbones.amp``: fp16 on CUDA, bf16 on the CPU).
-    Subclasses set ``framework`` (``'mmdet'``) and ``datasets`` (its ``DATASETS`` registry)."""
+    """Mixin before an mmengine inferencer; subclasses set ``framework`` and ``datasets`` (its registry).
+
+    Args:
+        cfg, kwargs: the config, the inferencer's own arguments.
+        checkpoint, source: a checkpoint read already; how messages name it.
+        device, amp: where the model runs, and in mixed precision."""
 
     framework: str
     datasets = None
@@ -36,9 +31,10 @@ class CheckedWeightsInferencer:
 
     @classmethod
     def from_file(cls, cfg, checkpoint: str, device: Optional[str] = None, amp: bool = False, hint: str = ""):
-        """The inferencer of ``cfg`` with the weights of the file ``checkpoint``, or a
-        ``CheckpointError`` that says why they do not fit and, with ``hint``, where a checkpoint
-        that fits comes from (``srvit_backbones.demo.read_weights``)."""
+        """The inferencer of ``cfg`` with the weights of the file ``checkpoint``.
+
+        Raises:
+            CheckpointError: they do not fit; says, with ``hint``, where a checkpoint that fits comes from."""
         read, _ = read_weights(checkpoint, "state_dict", cls.framework, hint)
         with refused_unless_it_fits(hint):
             return cls(cfg, read, checkpoint, device=device, amp=amp)
