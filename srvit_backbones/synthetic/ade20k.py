@@ -53,7 +53,8 @@ def write_split(root, split, count, size, max_shapes, seed, custom=False):
     """One split's images and label maps; returns the dataset's folder."""
     rng = np.random.default_rng(seed)
     base = root if custom else os.path.join(root, "ade", "ADEChallengeData2016")
-    img_dir, ann_dir = os.path.join(base, "images", split), os.path.join(base, "labels" if custom else "annotations", split)
+    img_dir = os.path.join(base, "images", split)
+    ann_dir = os.path.join(base, "labels" if custom else "annotations", split)
     os.makedirs(img_dir, exist_ok=True)
     os.makedirs(ann_dir, exist_ok=True)
     for i in range(count):

@@ -1,9 +1,7 @@
-"""A small COCO-format instance-segmentation dataset (tools/make_synthetic_coco.py): in COCO
-2017's layout (``ROOT/coco/{train,val}2017/``, ``ROOT/coco/annotations/instances_*.json``)
-labelled with three of COCO's categories, all 80 listed with their official ids; or, with
-``categories``, a custom set as labelling tools export COCO (``ROOT/{train,val}/``,
-``ROOT/annotations/{train,val}.json``), the shapes categories 1..3. Polygon masks of shapes
-that never overlap, so every mask is exact."""
+"""A small COCO-format instance-segmentation dataset (tools/make_synthetic_coco.py): COCO 2017's
+layout (``ROOT/coco/{train,val}2017/``, ``ROOT/coco/annotations/instances_*.json``, all 80
+categories listed) or, with ``categories``, a custom set as labelling tools export it. Polygons
+of shapes that never overlap, so every mask is exact."""
 import json
 import math
 import os
