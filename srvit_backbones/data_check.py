@@ -243,16 +243,10 @@ def coco_categories(ann_file: str) -> List[dict]:
         return sorted(json.load(f)["categories"], key=lambda c: c["id"])
 
 
-def _stems(split: SegSplit) -> List[str]:
-    if split.split_file:
-        with open(split.split_file) as f:
-            return [line.strip() for line in f if line.strip()]
-    stems = []
-    for folder, _, files in os.walk(split.image_dir):
-        for name in files:
-            if name.endswith(split.img_suffix):
-                stems.append(os.path.relpath(os.path.join(folder, name), split.image_dir)[:-len(split.img_suffix)])
-    return sorted(stems)
+def _walk(folder: str, suffix: str) -> List[str]:
+    """The sorted paths below ``folder`` (relative to it) of its files ending in ``suffix``, without it."""
+    return sorted(os.path.relpath(os.path.join(d, name), folder)[:-len(suffix)]
+                  for d, _, files in os.walk(folder) for name in files if name.endswith(suffix))
 
 
 def _label_values(image: Image.Image) -> List[int]:
@@ -271,12 +265,16 @@ def check_seg(split: SegSplit) -> SplitReport:
     # reduce_zero_label (mmseg's LoadAnnotations): 0 -> ignore, v -> v - 1, 255 stays ignored
     valid = set(range(split.num_classes + 1)) | {255} if split.reduce_zero_label else \
         set(range(split.num_classes)) | {split.ignore_index}
-    stems = _stems(split)
+    if split.split_file:
+        with open(split.split_file) as f:
+            stems = [line.strip() for line in f if line.strip()]
+    else:
+        stems = _walk(split.image_dir, split.img_suffix)
     for stem in stems:
         name = stem + split.img_suffix
         size = check_image(report, os.path.join(split.image_dir, name), name)
-        label_path = os.path.join(split.label_dir, stem + split.seg_map_suffix)
         label_name = stem + split.seg_map_suffix
+        label_path = os.path.join(split.label_dir, label_name)
         if not os.path.isfile(label_path):
             report.add("missing_label", name)
             continue
@@ -297,13 +295,9 @@ def check_seg(split: SegSplit) -> SplitReport:
         bad = sorted(set(values) - valid)
         if bad:
             report.add("label_out_of_range", f"{label_name} (values {bad[:6]}{' ...' if len(bad) > 6 else ''})")
-    if not split.split_file and os.path.isdir(split.label_dir):
-        known = set(stems)
-        for folder, _, files in os.walk(split.label_dir):
-            for name in files:
-                stem = os.path.relpath(os.path.join(folder, name), split.label_dir)
-                if stem.endswith(split.seg_map_suffix) and stem[:-len(split.seg_map_suffix)] not in known:
-                    report.add("label_without_image", stem)
+    if not split.split_file:
+        for stem in sorted(set(_walk(split.label_dir, split.seg_map_suffix)) - set(stems)):
+            report.add("label_without_image", stem + split.seg_map_suffix)
     return report
 
 

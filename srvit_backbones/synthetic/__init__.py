@@ -3,6 +3,13 @@ sets), to try the tools and test them without the real data: filled shapes on a 
 background, each shape's class telling its form, learnt in a few iterations. numpy and PIL only
 (COCO's and LVIS's category tables from detectron2); the same arguments and seed write the same bytes."""
 import argparse
+import math
+
+
+def regular_polygon(cx: float, cy: float, r: float, sides: int, phase: float = 0.0):
+    """The corners of a regular polygon of radius ``r`` (a circle: many of them), the first at angle ``phase``."""
+    return [(cx + r * math.cos(phase + 2 * math.pi * i / sides), cy + r * math.sin(phase + 2 * math.pi * i / sides))
+            for i in range(sides)]
 
 
 def dataset_parser(description: str, root_help: str, train: int, val: int, size, count_help: bool = True):

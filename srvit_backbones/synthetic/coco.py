@@ -9,7 +9,7 @@ import os
 import numpy as np
 from PIL import Image, ImageDraw
 
-from . import dataset_parser, parse_dataset_args
+from . import dataset_parser, parse_dataset_args, regular_polygon
 
 SHAPES = {"circle": 37, "square": 72, "triangle": 38}  # COCO ids: sports ball, tv, kite
 
@@ -22,13 +22,10 @@ def coco_categories():
 
 
 def shape_polygon(kind, cx, cy, r, angle):
-    """The outline of a circle (24 points), square or triangle of radius ``r``."""
+    """The outline of a circle (24 points), square or triangle of radius ``r``, turned by ``angle``."""
     if kind == "circle":
-        n = 24
-        return [(cx + r * math.cos(2 * math.pi * i / n), cy + r * math.sin(2 * math.pi * i / n)) for i in range(n)]
-    sides = 4 if kind == "square" else 3
-    return [(cx + r * math.cos(angle + 2 * math.pi * i / sides), cy + r * math.sin(angle + 2 * math.pi * i / sides))
-            for i in range(sides)]
+        return regular_polygon(cx, cy, r, 24)
+    return regular_polygon(cx, cy, r, 4 if kind == "square" else 3, angle)
 
 
 def polygon_area(points):
