@@ -28,8 +28,6 @@ class LVISFormatError(DataCheckError, ValueError):
 class LVISSummary(NamedTuple):
     categories: list  # the file's category dicts, as written
     first_image: dict  # its first image (None without images)
-    num_images: int
-    num_annotations: int
 
 
 def lvis_summary(path: str) -> LVISSummary:
@@ -43,18 +41,14 @@ def lvis_summary(path: str) -> LVISSummary:
 def _summary(path, size, mtime_ns) -> LVISSummary:
     """One json parse that drops each annotation (it has ``image_id``) and every image but the first
     as soon as it is read, so that the peak memory is the file's text, not the parsed tree."""
-    counts = dict(images=0, annotations=0)
     first_image = []
 
     def keep(pairs):
         obj = dict(pairs)
-        if "image_id" in obj:
-            counts["annotations"] += 1
+        is_image = "coco_url" in obj or "file_name" in obj
+        if "image_id" in obj or is_image and first_image:
             return None
-        if "coco_url" in obj or "file_name" in obj:
-            counts["images"] += 1
-            if first_image:
-                return None
+        if is_image:
             first_image.append(obj)
         return obj
 
@@ -63,8 +57,7 @@ def _summary(path, size, mtime_ns) -> LVISSummary:
     if not isinstance(data, dict):
         raise LVISFormatError(f"{path!r} is not an annotation file (a json object with categories, images and "
                               f"annotations): {FIX}")
-    return LVISSummary(list(data.get("categories") or []), first_image[0] if first_image else None,
-                       counts["images"], counts["annotations"])
+    return LVISSummary(list(data.get("categories") or []), first_image[0] if first_image else None)
 
 
 def check_lvis_annotations(path: str, what: str = "annotation file") -> None:
