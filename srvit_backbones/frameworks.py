@@ -135,39 +135,30 @@ def shipped_in(path: str) -> Optional[str]:
     return None
 
 
-def framework_of(path: str) -> Optional[str]:
-    """The framework of a config file: the shipped folder it sits in, else the one row that
-    recognises it; of a bare name, the one framework shipping it. None when that does not tell."""
-    if not os.path.isfile(path):
-        found = _shipped_as(path, frameworks())
-        return found[0][0] if len(found) == 1 else None
-    shipped = shipped_in(path)
-    if shipped:
-        return shipped
-    with open(path, encoding="utf-8", errors="replace") as f:
-        text = f.read()
-    found = [row.name for row in _TABLE.values() if row.recognizes(path, text)]
-    return found[0] if len(found) == 1 else None
+def framework_of(config: str) -> Optional[str]:
+    """The framework of a config path or shipped name (see ``resolve``); None when that does not tell."""
+    try:
+        return resolve(config)[0]
+    except (FileNotFoundError, ValueError):
+        return None
 
 
-def resolve(config: str, framework_name: Optional[str] = None, task: Optional[str] = None) -> Tuple[str, str]:
-    """(framework, absolute path) of a config path or a shipped config's name.
+def resolve(config: str, framework_name: Optional[str] = None) -> Tuple[str, str]:
+    """(framework, absolute path) of a config path or a shipped config's name. A file in a shipped
+    folder is that folder's framework's, any other the one row's that recognises it.
 
     Args:
         config: a path, or a shipped config's name (``cascade/NAME.py`` in a subfolder).
-        framework_name: its framework; by default found by ``framework_of``.
-        task: look among this task's frameworks only.
+        framework_name: its framework, when its folder or text does not tell.
 
     Raises:
         FileNotFoundError: ``config`` is neither a file nor shipped (the message names the shipped configs).
         ValueError: the framework is unknown or cannot be told (the message names the choices).
     """
-    candidates = [framework_name] if framework_name else frameworks(task)
+    candidates = [framework_name] if framework_name else frameworks()
     for name in candidates:
         framework(name)  # an unknown name is a ValueError naming the known ones
-    if os.path.isfile(config):
-        path = os.path.abspath(config)
-    else:
+    if not os.path.isfile(config):
         found = _shipped_as(config, candidates)
         if not found:
             raise FileNotFoundError(f"config {config!r} not found: neither a file nor a shipped config ("
@@ -176,13 +167,18 @@ def resolve(config: str, framework_name: Optional[str] = None, task: Optional[st
         if len(found) > 1 and not framework_name:
             raise ValueError(f"{config!r} is shipped for {' and '.join(name for name, _ in found)}: pass --framework")
         return found[0]
+    path = os.path.abspath(config)
     if framework_name:
         return framework_name, path
-    name = framework_of(path)
-    if name is None or name not in candidates:
+    found = [shipped_in(path)]
+    if not found[0]:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        found = [row.name for row in _TABLE.values() if row.recognizes(path, text)]
+    if len(found) != 1:
         raise ValueError(f"cannot tell which framework {config!r} is for ({', '.join(candidates)}): pass "
                          f"--framework")
-    return name, path
+    return found[0], path
 
 
 def load_config(config: str, framework_name: Optional[str] = None, opts: Sequence[str] = ()):
