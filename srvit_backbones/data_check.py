@@ -10,7 +10,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 from PIL import Image
@@ -77,16 +77,10 @@ KINDS: Dict[str, Tuple[str, str, str]] = {
 }
 
 
-@dataclass
-class Finding:
+class Finding(NamedTuple):
     kind: str
     count: int
     examples: List[str]
-
-    def format(self) -> str:
-        severity, what, fix = KINDS[self.kind]
-        shown = ", ".join(self.examples) + (", ..." if self.count > len(self.examples) else "")
-        return f"  {severity.upper()} {self.kind}: {self.count} {what}: {shown}\n    fix: {fix}"
 
 
 @dataclass
@@ -111,8 +105,12 @@ class SplitReport:
         return [Finding(k, self.counts[k], self.examples[k]) for k in sorted(self.counts, key=order.index)]
 
     def format(self) -> str:
-        head = f"{self.where}: {self.description}: {self.files} files read"
-        return "\n".join([head] + [f.format() for f in self.findings])
+        lines = [f"{self.where}: {self.description}: {self.files} files read"]
+        for kind, count, examples in self.findings:
+            severity, what, fix = KINDS[kind]
+            shown = ", ".join(examples) + (", ..." if count > len(examples) else "")
+            lines.append(f"  {severity.upper()} {kind}: {count} {what}: {shown}\n    fix: {fix}")
+        return "\n".join(lines)
 
 
 @dataclass
