@@ -13,17 +13,15 @@ def _version(name, attr="__version__"):
     return module, getattr(module, attr, "unknown")
 
 
-def collect_env():
+def collect_env() -> str:
+    """One ``name  version`` line per library (and the GPUs)."""
     rows = [("Python", sys.version.split()[0] + f" ({sys.executable})"),
             ("platform", platform.platform())]
     torch, ver = _version("torch")
     rows.append(("torch", ver))
     if torch is not None:
-        rows.append(("CUDA available", str(torch.cuda.is_available())))
-        rows.append(("torch CUDA build", str(torch.version.cuda)))
-        if torch.cuda.is_available():
-            for i in range(torch.cuda.device_count()):
-                rows.append((f"GPU {i}", torch.cuda.get_device_name(i)))
+        rows += [("CUDA available", str(torch.cuda.is_available())), ("torch CUDA build", str(torch.version.cuda))]
+        rows += [(f"GPU {i}", torch.cuda.get_device_name(i)) for i in range(torch.cuda.device_count())]
     rows.append(("torchvision", _version("torchvision")[1]))
     d2, ver = _version("detectron2")
     if d2 is not None:
@@ -39,9 +37,8 @@ def collect_env():
         except Exception as e:
             ver += f" (WITHOUT ops: {type(e).__name__})"
     rows.append(("mmcv", ver))
-    for name, label in [("mmengine", "mmengine"), ("mmseg", "mmsegmentation"), ("mmdet", "mmdet"),
-                        ("timm", "timm"), ("fvcore", "fvcore"), ("numpy", "numpy")]:
-        rows.append((label, _version(name)[1]))
+    rows += [(label, _version(name)[1]) for name, label in [("mmengine", "mmengine"), ("mmseg", "mmsegmentation"),
+             ("mmdet", "mmdet"), ("timm", "timm"), ("fvcore", "fvcore"), ("numpy", "numpy")]]
     srvit, ver = _version("srvit_backbones")
     rows.append(("srvit_backbones", f"{ver} @ {os.path.dirname(srvit.__file__)}" if srvit else ver))
     width = max(len(k) for k, _ in rows)

@@ -1,10 +1,6 @@
-"""Where the shipped configs of each framework are.
-
-In a source checkout (or an editable install) they are the repository's
-``detectron2_configs/``, ``mmseg_configs/`` and ``mmdet_configs/``; a regular install copies them into
-``srvit_backbones/_configs/`` (see setup.py). The folders are the framework table's
-(``srvit_backbones.frameworks.register_framework``), which fills ``_FOLDERS``.
-"""
+"""Where each framework's shipped configs are: the repository's ``detectron2_configs/``,
+``mmdet_configs/``, ``mmseg_configs/`` in a checkout, ``srvit_backbones/_configs/`` when installed
+(setup.py). The folders are the framework table's (``frameworks.register_framework``)."""
 import os
 from typing import Dict, List, Optional
 
@@ -21,6 +17,7 @@ def register_config_folder(framework: str, folder: Optional[str]) -> None:
 
 
 def config_dir(framework: str) -> str:
+    """The folder of ``framework``'s shipped configs; ValueError for a framework that ships none."""
     if framework not in _FOLDERS:
         raise ValueError(f"framework must be one of {list(_FOLDERS)}, got {framework!r}")
     folder = _FOLDERS[framework]
@@ -53,13 +50,16 @@ def list_configs(framework: str, folder: Optional[str] = None) -> List[str]:
 def config_folders(framework: str) -> List[str]:
     """The subfolders that hold shipped configs (not ``common/`` nor ``_base_/``)."""
     root = config_dir(framework)
-    return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))
-                  and not d.startswith(("_", ".", "common")) and any(f.endswith(".py") for f in os.listdir(os.path.join(root, d))))
+    return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith(
+        ("_", ".", "common")) and any(f.endswith(".py") for f in os.listdir(os.path.join(root, d))))
 
 
 def resolve_config(framework: str, path: str) -> str:
-    """A config file path, or the name of a shipped config (``upernet_srvit_s.py``); the
-    one lookup both frameworks' tools use. Raises ``FileNotFoundError`` naming the choices."""
+    """A config file path, or the path of a shipped config named ``path`` (``upernet_srvit_s.py``).
+
+    Raises:
+        FileNotFoundError: neither (the message names the shipped configs).
+    """
     if os.path.isfile(path):
         return path
     if framework not in _FOLDERS:
@@ -67,11 +67,9 @@ def resolve_config(framework: str, path: str) -> str:
                                 f"configs to name)")
     shipped = config_path(framework, path)
     if shipped is None:
+        folders = config_folders(framework)
+        named = (f"; and in the folders {', '.join(f + '/' for f in folders)}: name them as FOLDER/NAME.py, e.g. "
+                 f"{list_configs(framework, folders[0])[0]}" if folders else "")
         raise FileNotFoundError(f"config {path!r} not found: neither a file nor a shipped {framework} config "
-                                f"(shipped: {', '.join(list_configs(framework))}; and in the folders "
-                                f"{', '.join(f + '/' for f in config_folders(framework))}: name them as "
-                                f"FOLDER/NAME.py, e.g. {list_configs(framework, config_folders(framework)[0])[0]})"
-                                if config_folders(framework) else
-                                f"config {path!r} not found: neither a file nor a shipped {framework} config "
-                                f"(shipped: {', '.join(list_configs(framework))})")
+                                f"(shipped: {', '.join(list_configs(framework))}{named})")
     return shipped

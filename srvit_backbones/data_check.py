@@ -1,25 +1,16 @@
 """A check of a dataset's files before a long run: every image header and annotation read once,
-each defect counted with the first file names and the fix, so that a missing image deep in a
-dataset stops the run before the model is built instead of hours in, when its batch loads.
+each defect counted with the first file names and the fix, so that a missing image stops the run
+before the model is built, not hours in.
 
-Two layouts, the ones every framework here reads:
-
-- ``CocoSplit``: a COCO-format JSON and its image folder (detectron2's ``register_coco_instances``,
-  mmdet's ``CocoDataset``);
-- ``SegSplit``: an image folder and a label-map folder paired by file stem (mmseg's
-  ``BaseSegDataset``: ``img_suffix``, ``seg_map_suffix``, ``reduce_zero_label``).
-
-Images are checked from their headers (size, mode, EXIF orientation) and their last bytes (a JPEG's
-or PNG's end marker: a copy cut short), without decoding the pixels; label maps are decoded, since
-their values are what is checked. The framework adapters turn their configs into splits
-(``srvit_backbones.detectron2.custom_data``, ``srvit_backbones.openmmlab.data_check``). Imports
-numpy and PIL only.
+Two layouts: ``CocoSplit`` (a COCO-format JSON and its image folder: detectron2, mmdet) and
+``SegSplit`` (image and label-map folders paired by stem: mmseg). Images are checked from their
+headers and end markers without decoding; label maps are decoded (their values are checked).
 """
 import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 from PIL import Image
@@ -86,20 +77,10 @@ KINDS: Dict[str, Tuple[str, str, str]] = {
 }
 
 
-@dataclass
-class Finding:
+class Finding(NamedTuple):
     kind: str
     count: int
     examples: List[str]
-
-    @property
-    def severity(self) -> str:
-        return KINDS[self.kind][0]
-
-    def format(self) -> str:
-        severity, what, fix = KINDS[self.kind]
-        shown = ", ".join(self.examples) + (", ..." if self.count > len(self.examples) else "")
-        return f"  {severity.upper()} {self.kind}: {self.count} {what}: {shown}\n    fix: {fix}"
 
 
 @dataclass
@@ -123,13 +104,13 @@ class SplitReport:
         order = list(KINDS)
         return [Finding(k, self.counts[k], self.examples[k]) for k in sorted(self.counts, key=order.index)]
 
-    @property
-    def errors(self) -> List[Finding]:
-        return [f for f in self.findings if f.severity == "error"]
-
     def format(self) -> str:
-        head = f"{self.where}: {self.description}: {self.files} files read"
-        return "\n".join([head] + [f.format() for f in self.findings])
+        lines = [f"{self.where}: {self.description}: {self.files} files read"]
+        for kind, count, examples in self.findings:
+            severity, what, fix = KINDS[kind]
+            shown = ", ".join(examples) + (", ..." if count > len(examples) else "")
+            lines.append(f"  {severity.upper()} {kind}: {count} {what}: {shown}\n    fix: {fix}")
+        return "\n".join(lines)
 
 
 @dataclass
@@ -157,56 +138,36 @@ class SegSplit:
     split_file: Optional[str] = None
 
 
-def is_truncated(f, fmt: str) -> bool:
-    """A JPEG or PNG file that lacks its end marker (only these two formats are checked)."""
-    if fmt not in ("JPEG", "PNG"):
-        return False
-    f.seek(0, os.SEEK_END)
-    size = f.tell()
-    f.seek(max(0, size - 64))
-    tail = f.read()
-    if fmt == "PNG":
-        return b"IEND" not in tail[-12:]
-    return b"\xff\xd9" not in tail  # a few bytes of padding after the EOI marker are common
-
-
-def image_header(path: str) -> Tuple[Tuple[int, int], str, str, bool]:
-    """(width, height as displayed, i.e. after EXIF rotation), mode, format, truncated: from the
-    header and the last bytes; OSError (FileNotFoundError included) when unreadable."""
-    with open(path, "rb") as f:
-        with Image.open(f) as image:
-            (width, height), mode, fmt = image.size, image.mode, image.format
-            if fmt == "JPEG" and image.getexif().get(_EXIF_ORIENTATION) in _TRANSPOSED:
-                width, height = height, width
-            transparent = "transparency" in image.info
-        truncated = is_truncated(f, fmt)
-    return (width, height), ("PA" if mode == "P" and transparent else mode), fmt, truncated
-
-
-def _note_mode(report: SplitReport, mode: str, name: str) -> None:
-    if mode in ("L", "1", "LA"):
-        report.add("grayscale_image", name)
-    if mode in ("RGBA", "LA", "PA"):
-        report.add("alpha_image", name)
-    if mode.startswith("I") or mode == "F":
-        report.add("high_bit_depth_image", name)
-
-
 def check_image(report: SplitReport, path: str, name: str) -> Optional[Tuple[int, int]]:
-    """The image's (width, height), its defects added to ``report``; None when it cannot be read."""
+    """The image's (width, height) as displayed (after EXIF rotation), read from its header, its
+    defects (a JPEG or PNG without its end marker: truncated) added to ``report``; None when unreadable."""
     report.files += 1
     try:
-        size, mode, _, truncated = image_header(path)
+        with open(path, "rb") as f:
+            with Image.open(f) as image:
+                (width, height), mode, fmt = image.size, image.mode, image.format
+                if fmt == "JPEG" and image.getexif().get(_EXIF_ORIENTATION) in _TRANSPOSED:
+                    width, height = height, width
+                mode = "PA" if mode == "P" and "transparency" in image.info else mode
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64))
+            tail = f.read()
     except FileNotFoundError:
         report.add("missing_image", name)
         return None
     except (OSError, ValueError, SyntaxError):  # PIL's UnidentifiedImageError is an OSError
         report.add("unreadable_image", name)
         return None
-    if truncated:
+    # a few bytes of padding after a JPEG's EOI marker are common
+    if fmt == "PNG" and b"IEND" not in tail[-12:] or fmt == "JPEG" and b"\xff\xd9" not in tail:
         report.add("truncated_image", name)
-    _note_mode(report, mode, name)
-    return size
+    if mode in ("L", "1", "LA"):
+        report.add("grayscale_image", name)
+    if mode in ("RGBA", "LA", "PA"):
+        report.add("alpha_image", name)
+    if mode.startswith("I") or mode == "F":
+        report.add("high_bit_depth_image", name)
+    return width, height
 
 
 def _box_defect(bbox, width: float, height: float) -> Optional[str]:
@@ -243,9 +204,7 @@ def check_coco(split: CocoSplit) -> SplitReport:
         report.add("bad_annotation_file", f"{split.ann_file} ({type(e).__name__}: {e})")
         return report
     category_ids = {c["id"] for c in categories}
-    by_id = {}
-    for entry in images:
-        by_id[entry["id"]] = entry
+    by_id = {entry["id"]: entry for entry in images}
     annotated = set()
     for ann in annotations:
         label = f"annotation {ann.get('id')} of image {ann.get('image_id')}"
@@ -282,16 +241,10 @@ def coco_categories(ann_file: str) -> List[dict]:
         return sorted(json.load(f)["categories"], key=lambda c: c["id"])
 
 
-def _stems(split: SegSplit) -> List[str]:
-    if split.split_file:
-        with open(split.split_file) as f:
-            return [line.strip() for line in f if line.strip()]
-    stems = []
-    for folder, _, files in os.walk(split.image_dir):
-        for name in files:
-            if name.endswith(split.img_suffix):
-                stems.append(os.path.relpath(os.path.join(folder, name), split.image_dir)[:-len(split.img_suffix)])
-    return sorted(stems)
+def _walk(folder: str, suffix: str) -> List[str]:
+    """The sorted paths below ``folder`` (relative to it) of its files ending in ``suffix``, without it."""
+    return sorted(os.path.relpath(os.path.join(d, name), folder)[:-len(suffix)]
+                  for d, _, files in os.walk(folder) for name in files if name.endswith(suffix))
 
 
 def _label_values(image: Image.Image) -> List[int]:
@@ -310,12 +263,16 @@ def check_seg(split: SegSplit) -> SplitReport:
     # reduce_zero_label (mmseg's LoadAnnotations): 0 -> ignore, v -> v - 1, 255 stays ignored
     valid = set(range(split.num_classes + 1)) | {255} if split.reduce_zero_label else \
         set(range(split.num_classes)) | {split.ignore_index}
-    stems = _stems(split)
+    if split.split_file:
+        with open(split.split_file) as f:
+            stems = [line.strip() for line in f if line.strip()]
+    else:
+        stems = _walk(split.image_dir, split.img_suffix)
     for stem in stems:
         name = stem + split.img_suffix
         size = check_image(report, os.path.join(split.image_dir, name), name)
-        label_path = os.path.join(split.label_dir, stem + split.seg_map_suffix)
         label_name = stem + split.seg_map_suffix
+        label_path = os.path.join(split.label_dir, label_name)
         if not os.path.isfile(label_path):
             report.add("missing_label", name)
             continue
@@ -336,23 +293,15 @@ def check_seg(split: SegSplit) -> SplitReport:
         bad = sorted(set(values) - valid)
         if bad:
             report.add("label_out_of_range", f"{label_name} (values {bad[:6]}{' ...' if len(bad) > 6 else ''})")
-    if not split.split_file and os.path.isdir(split.label_dir):
-        known = set(stems)
-        for folder, _, files in os.walk(split.label_dir):
-            for name in files:
-                stem = os.path.relpath(os.path.join(folder, name), split.label_dir)
-                if stem.endswith(split.seg_map_suffix) and stem[:-len(split.seg_map_suffix)] not in known:
-                    report.add("label_without_image", stem)
+    if not split.split_file:
+        for stem in sorted(set(_walk(split.label_dir, split.seg_map_suffix)) - set(stems)):
+            report.add("label_without_image", stem + split.seg_map_suffix)
     return report
 
 
 def check_splits(splits: Iterable) -> List[SplitReport]:
     """The report of every split (``CocoSplit`` or ``SegSplit``), each file read once."""
     return [check_coco(s) if isinstance(s, CocoSplit) else check_seg(s) for s in splits]
-
-
-def format_reports(reports: Sequence[SplitReport]) -> str:
-    return "\n".join(r.format() for r in reports)
 
 
 def add_coco_arguments(parser) -> None:
@@ -385,22 +334,24 @@ def add_skip_argument(parser) -> None:
 
 
 def run_check(splits: Iterable, skip_flag: str, log=print) -> List[SplitReport]:
-    """What the tools run before building a model: every split checked, ``DataCheckError`` with
-    the reports when one has errors, else the reports logged (the notes among them)."""
+    """What the tools run before building a model: every split checked and the reports logged.
+
+    Args:
+        splits: ``CocoSplit`` and ``SegSplit`` objects.
+        skip_flag: the tool's option that skips the check, named in the error.
+        log: where the reports (and their notes) go when there is no error.
+
+    Raises:
+        DataCheckError: a split has errors (the reports as message; a tool exits with status 1).
+    """
     started = time.perf_counter()
     reports = check_splits(splits)
-    require_clean(reports, skip_flag)
-    files = sum(r.files for r in reports)
-    log(format_reports(reports) + f"\ndata check: {files} files in {time.perf_counter() - started:.1f} s, no errors")
-    return reports
-
-
-def require_clean(reports: Sequence[SplitReport], skip_flag: str) -> None:
-    """Raise ``DataCheckError`` (the report as message; a tool exits with status 1) when a split has errors;
-    ``skip_flag`` names the tool's option that skips the check."""
-    errors = sum(len(r.errors) for r in reports)
+    text = "\n".join(r.format() for r in reports)
+    errors = sum(KINDS[f.kind][0] == "error" for r in reports for f in r.findings)
     if errors:
-        raise DataCheckError(f"data check: {errors} kinds of defects; nothing was trained.\n"
-                             + format_reports(reports)
+        raise DataCheckError(f"data check: {errors} kinds of defects; nothing was trained.\n" + text
                              + f"\nFix the files as each 'fix' says and run again (tools/check_data.py CONFIG "
                                f"repeats only the check); {skip_flag} skips the check.")
+    files = sum(r.files for r in reports)
+    log(text + f"\ndata check: {files} files in {time.perf_counter() - started:.1f} s, no errors")
+    return reports

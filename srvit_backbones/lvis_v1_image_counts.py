@@ -1,10 +1,6 @@
-"""LVIS v1's per-category training image counts, the class weights of the federated loss, shipped
-as detectron2 ships them (detectron2/data/datasets/lvis_v1_category_image_count.py,
-``LVIS_CATEGORY_IMAGE_COUNT``: each category's ``image_count`` in lvis_v1_train.json), so that a
-loss needs no annotation file to get them. ``LVIS_V1_TRAIN_IMAGE_COUNTS[i]`` is the count of the
-category with id ``i + 1`` (LVIS v1's ids are 1..1203); tests/test_mmdet.py compares them with
-detectron2's list.
-"""
+"""LVIS v1's per-category training image counts (the federated loss's class weights) as
+detectron2 ships them (``LVIS_CATEGORY_IMAGE_COUNT``): ``LVIS_V1_TRAIN_IMAGE_COUNTS[i]`` is the
+count of category id ``i + 1``."""
 LVIS_V1_TRAIN_IMAGE_COUNTS = (
     64, 364, 1911, 149, 29, 26, 59, 22, 12, 28, 505, 1207, 4, 10, 500, 33, 3, 44, 561, 8, 9, 33, 1883, 98, 70, 46,
     117, 41, 1395, 7, 1, 314, 31, 1905, 1859, 1623, 47, 3, 3, 1, 305, 6, 210, 36, 1787, 17, 51, 138, 3, 1470, 3, 2,

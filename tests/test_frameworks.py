@@ -1,10 +1,8 @@
-"""The framework table (``srvit_backbones.frameworks``): every shipped config is told by its text,
+"""The framework table (``srvit_backbones.frameworks``): a config is told by its folder or text,
 and a framework registered in the table is served by the tools without editing tools/ or models/."""
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -25,16 +23,27 @@ SHIPPED = sorted(p for folder in ("detectron2_configs", "mmdet_configs", "mmseg_
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: os.path.relpath(p, ROOT))
-def test_every_shipped_config_is_told_by_its_text(path):
-    """A copy of a shipped config outside its folder (a user's edited config) is still told
-    apart: through its imports (LazyConfigs) or its ``_base_`` chain (mmengine), without
-    importing a framework."""
-    framework = os.path.relpath(path, ROOT).split("_configs")[0]
-    with open(path) as f:
-        text = f.read()
-    assert [name for name in frameworks() if srvit_backbones.frameworks.framework(name).recognizes(path, text)] \
-        == [framework]
-    assert framework_of(path) == framework
+def test_every_shipped_config_is_told_by_its_folder(path):
+    assert framework_of(path) == os.path.relpath(path, ROOT).split("_configs")[0]
+
+
+def test_a_saved_or_own_config_is_told_by_its_text(tmp_path):
+    """What a run saves (detectron2's config.yaml, an mmengine work dir's config with its
+    default_scope) and a config of one's own over a shipped one, without importing a framework."""
+    seg = srvit_backbones.resolve_config("mmseg", "upernet_srvit_s.py")
+    configs = {"config.yaml": ("train:\n  max_iter: 10\n", "detectron2"),
+               "lazy.py": ("from detectron2.config import LazyCall as L\n", "detectron2"),
+               "work_dir_det.py": ("default_scope = 'mmdet'\nmodel = dict(type='MaskRCNN')\n", "mmdet"),
+               "work_dir_seg.py": ("default_scope = 'mmseg'\n# mmdet's heads\n", "mmseg"),
+               "mine.py": (f"_base_ = [{seg!r}]\n", "mmseg"),
+               "base_det.py": ("_base_ = ['mmdet::_base_/default_runtime.py']\n", "mmdet"),
+               "neither.py": ("x = 1\n", None)}
+    for name, (text, expected) in configs.items():
+        (tmp_path / name).write_text(text)
+        assert framework_of(str(tmp_path / name)) == expected, name
+    from mmengine.config import Config  # the config a run saves in its work dir says its default_scope
+    Config.fromfile(seg).dump(tmp_path / "saved.py")
+    assert framework_of(str(tmp_path / "saved.py")) == "mmseg"
 
 
 def test_resolve_names_the_choices(tmp_path):
@@ -114,12 +123,6 @@ def is_classifier_json(path, text):
     return path.endswith(".json") and '"timm_classifier"' in text
 
 
-def register():
-    """What a package of the fourth framework declares as its ``srvit_backbones.frameworks``
-    entry point."""
-    register_framework("timm_classification", "classification", TimmClassification, recognizes=is_classifier_json)
-
-
 @pytest.fixture
 def classifier_files(tmp_path):
     """A config of the fourth framework's type, a checkpoint of its model and two images."""
@@ -138,7 +141,7 @@ def classifier_files(tmp_path):
 @pytest.fixture
 def timm_classification(classifier_files):
     """The fourth framework registered in the table for the test, and removed after it."""
-    register()
+    register_framework("timm_classification", "classification", TimmClassification, recognizes=is_classifier_json)
     try:
         yield classifier_files
     finally:
@@ -186,21 +189,3 @@ def test_a_checkpoint_of_another_model_is_refused_with_the_adapters_fix(timm_cla
     with pytest.raises(SystemExit, match=r"(?s)does not fit srvit_t_t2.*head.weight.*Fix: give the state dict"):
         load_tool("demo").main([str(config), "--checkpoint", str(tmp_path / "other.pth"), "--input",
                                 str(tmp_path / "image0.png"), "--output", str(tmp_path / "demo")])
-
-
-def test_an_installed_package_adds_its_framework_through_an_entry_point(classifier_files, tmp_path):
-    """A package that declares a ``srvit_backbones.frameworks`` entry point is in the table of
-    every tool's process, as pip installs it (a dist-info folder on the path)."""
-    config, _ = classifier_files
-    (tmp_path / "srvit_plugin.py").write_text("from test_frameworks import register\n")
-    dist_info = tmp_path / "srvit_plugin-0.1.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: srvit-plugin\nVersion: 0.1\n")
-    (dist_info / "entry_points.txt").write_text("[srvit_backbones.frameworks]\n"
-                                                "timm_classification = srvit_plugin:register\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.path.join(ROOT, "tests"), ROOT]))
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "count_flops.py"), "--task", "classification",
-                          "--framework", "timm_classification", "--configs", str(config), "--json"],
-                         env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == [dict(measure_variant("srvit_t_t2", (32, 32), 3), model=config.name)]

@@ -1,9 +1,7 @@
 """An mmdet or mmseg config against its data: the datasets' files as ``srvit_backbones.data_check``
-splits, and the class count of the model against the datasets' classes (mmdet trains a head
-too large for the data and fails at its first validation, one too small ends in a bare
-IndexError; so does mmseg). What differs between the two frameworks (their dataset classes'
-defaults) comes in as ``dataset_defaults``: ``type name -> dict`` of the dataset class's
-``__init__`` defaults and its ``METAINFO`` classes (``classes``). Imports mmengine only."""
+splits, and the model's class count against the datasets' classes (a head of another size fails
+late, at its first validation or in a bare IndexError). The frameworks' dataset classes'
+defaults come from their ``DATASETS`` registry."""
 import inspect
 import os
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
@@ -17,26 +15,33 @@ from .tools import datasets
 DatasetDefaults = Callable[[str], Dict]
 
 
-def class_defaults(dataset_class) -> Dict:
-    """``__init__`` defaults of a dataset class (``img_suffix``, ``reduce_zero_label``...) and its
-    ``METAINFO`` classes as ``classes``."""
-    params = inspect.signature(dataset_class.__init__).parameters
-    defaults = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
-    defaults["classes"] = tuple(getattr(dataset_class, "METAINFO", {}).get("classes", ()))
-    return defaults
-
-
 def defaults_from(registry) -> DatasetDefaults:
-    """``dataset_defaults`` of the dataset classes of a framework's ``DATASETS`` registry."""
+    """A function of a dataset type: its class's ``__init__`` defaults (``img_suffix``,
+    ``reduce_zero_label``...) and its ``METAINFO`` classes as ``classes``."""
     def dataset_defaults(dataset_type: str) -> Dict:
         dataset_class = registry.get(dataset_type)
-        return class_defaults(dataset_class) if dataset_class else {"classes": ()}
+        if not dataset_class:
+            return {"classes": ()}
+        params = inspect.signature(dataset_class.__init__).parameters
+        defaults = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
+        return dict(defaults, classes=tuple(getattr(dataset_class, "METAINFO", {}).get("classes", ())))
     return dataset_defaults
 
 
 def check_against_data(cfg: Config, loaders: Sequence[str], registry, fix: str, read_files: bool) -> None:
-    """What the tools check before the Runner is built: the class counts (``check_num_classes``)
-    and, with ``read_files``, every file of the datasets (``srvit_backbones.data_check``)."""
+    """What the tools check before the Runner is built.
+
+    Args:
+        cfg: the mmengine config.
+        loaders: the config keys of the dataloaders to check (``train_dataloader``...).
+        registry: the framework's ``DATASETS`` registry (the dataset classes' defaults).
+        fix: how the tool sizes the heads from the data (the error's fix).
+        read_files: also read every file of the datasets (``srvit_backbones.data_check``).
+
+    Raises:
+        ConfigError: a ``num_classes`` or the datasets' classes do not agree.
+        DataCheckError: the datasets' files have errors.
+    """
     dataset_defaults = defaults_from(registry)
     check_num_classes(cfg, loaders, dataset_defaults, fix)
     if read_files:
@@ -95,26 +100,25 @@ def data_splits(cfg: Config, loaders: Iterable[str], dataset_defaults: DatasetDe
     return splits
 
 
-def model_num_classes(node, path="model"):
-    """(config key, value) of every ``num_classes`` of the model's class-dependent heads (an RPN's
-    single objectness class is not one)."""
+def _num_classes(node, path="model"):
+    """(dict, key, config key) of every ``num_classes`` of the model's class-dependent heads (an
+    RPN's single objectness class is not one)."""
     if isinstance(node, dict):
         for key, value in node.items():
             if key == "num_classes" and isinstance(value, int):
-                yield f"{path}.{key}", value
+                yield node, key, f"{path}.{key}"
             elif key != "rpn_head":
-                yield from model_num_classes(value, f"{path}.{key}")
+                yield from _num_classes(value, f"{path}.{key}")
     elif isinstance(node, (list, tuple)):
         for i, value in enumerate(node):
-            yield from model_num_classes(value, f"{path}.{i}")
+            yield from _num_classes(value, f"{path}.{i}")
 
 
 def check_num_classes(cfg: Config, loaders: Iterable[str], dataset_defaults: DatasetDefaults,
                       fix: str) -> None:
-    """Every ``num_classes`` of the model equals the number of classes of every dataset, a COCO
-    file's categories are all among the dataset's classes (mmdet drops the annotations of the
-    others without a word), and the datasets share their classes. ``ConfigError`` naming both
-    numbers and ``fix`` (how the tool sizes the head from the data) otherwise."""
+    """Every ``num_classes`` of the model equals every dataset's class count, a COCO file's
+    categories are all among the dataset's classes (mmdet drops the others' annotations silently)
+    and the datasets share their classes; else a ``ConfigError`` naming both and ``fix``."""
     first: Optional[tuple] = None
     for where, dataset in _file_datasets(cfg, loaders):
         classes = dataset_classes(dataset, dataset_defaults)
@@ -136,9 +140,9 @@ def check_num_classes(cfg: Config, loaders: Iterable[str], dataset_defaults: Dat
         elif tuple(classes) != tuple(first[1]):
             raise ConfigError(f"{where} has {len(classes)} classes ({_names(classes)}), {first[0]} "
                               f"{len(first[1])} ({_names(first[1])}): the datasets need the same classes")
-        for key, value in model_num_classes(cfg.model):
-            if value != len(classes):
-                raise ConfigError(f"{key}={value} but {where} has {len(classes)} classes ({_names(classes)}): "
+        for node, name, key in _num_classes(cfg.model):
+            if node[name] != len(classes):
+                raise ConfigError(f"{key}={node[name]} but {where} has {len(classes)} classes ({_names(classes)}): "
                                   f"set {key}={len(classes)}; {fix}")
 
 
@@ -146,17 +150,10 @@ def _names(classes: Sequence[str]) -> str:
     return ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
 
 
-def set_num_classes(node, num_classes: int) -> None:
+def set_num_classes(model: dict, num_classes: int) -> None:
     """Every class-dependent ``num_classes`` of a model config set to ``num_classes``, in place."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key == "num_classes" and isinstance(value, int):
-                node[key] = num_classes
-            elif key != "rpn_head":
-                set_num_classes(value, num_classes)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            set_num_classes(value, num_classes)
+    for node, name, _ in list(_num_classes(model)):
+        node[name] = num_classes
 
 
 def innermost_dataset(cfg: Config, loader: str) -> dict:

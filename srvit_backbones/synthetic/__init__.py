@@ -1,19 +1,15 @@
-"""Small synthetic datasets in the layouts the frameworks read, to try the tools and to test
-them without the real data (tools/make_synthetic_coco.py, make_synthetic_lvis.py,
-make_synthetic_ade20k.py): filled shapes on a textured background, each shape's class telling
-its form, so that a model learns them in a few iterations.
-
-- ``coco``: COCO 2017's layout and categories (detectron2's builtin names, mmdet's
-  ``data_root``), or a custom COCO-format set of up to three classes;
-- ``lvis``: LVIS v1's files (all 1203 categories, frequency groups, negative and
-  not-exhaustive lists) over ``coco``'s images;
-- ``ade20k``: ADE20K's image and label-map folders (mmseg's ``ADE20KDataset``), or a custom set
-  with its class file.
-
-numpy and PIL only; the category tables of COCO and LVIS v1 are read from detectron2's metadata
-module when a dataset in their layout is written. The same arguments and seed write the same
-bytes."""
+"""Small synthetic datasets in the layouts the frameworks read (COCO, LVIS v1, ADE20K, or custom
+sets), to try the tools and test them without the real data: filled shapes on a textured
+background, each shape's class telling its form, learnt in a few iterations. numpy and PIL only
+(COCO's and LVIS's category tables from detectron2); the same arguments and seed write the same bytes."""
 import argparse
+import math
+
+
+def regular_polygon(cx: float, cy: float, r: float, sides: int, phase: float = 0.0):
+    """The corners of a regular polygon of radius ``r`` (a circle: many of them), the first at angle ``phase``."""
+    return [(cx + r * math.cos(phase + 2 * math.pi * i / sides), cy + r * math.sin(phase + 2 * math.pi * i / sides))
+            for i in range(sides)]
 
 
 def dataset_parser(description: str, root_help: str, train: int, val: int, size, count_help: bool = True):

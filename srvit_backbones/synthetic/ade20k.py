@@ -10,7 +10,7 @@ import os
 import numpy as np
 from PIL import Image, ImageDraw
 
-from . import dataset_parser, parse_dataset_args
+from . import dataset_parser, parse_dataset_args, regular_polygon
 
 # label -> (shape, colour); labels index ADE20K's 150 classes (1 = wall, 2 = building, ...)
 CLASSES = {2: ("circle", (220, 60, 60)), 3: ("square", (60, 200, 70)), 4: ("triangle", (70, 90, 230)),
@@ -21,11 +21,9 @@ BACKGROUND_COLOUR = (60, 60, 60)  # the custom set's class file
 
 def polygon(kind, cx, cy, r):
     """The outline of a circle (32 points), square, triangle or diamond of radius ``r``."""
-    if kind == "circle":
-        return [(cx + r * math.cos(a), cy + r * math.sin(a)) for a in np.linspace(0, 2 * math.pi, 32, endpoint=False)]
-    sides, phase = {"square": (4, math.pi / 4), "triangle": (3, -math.pi / 2), "diamond": (4, 0.0)}[kind]
-    return [(cx + r * math.cos(phase + 2 * math.pi * i / sides), cy + r * math.sin(phase + 2 * math.pi * i / sides))
-            for i in range(sides)]
+    sides, phase = {"circle": (32, 0.0), "square": (4, math.pi / 4), "triangle": (3, -math.pi / 2),
+                    "diamond": (4, 0.0)}[kind]
+    return regular_polygon(cx, cy, r, sides, phase)
 
 
 def make_sample(rng, size, max_shapes, custom=False):
@@ -53,7 +51,8 @@ def write_split(root, split, count, size, max_shapes, seed, custom=False):
     """One split's images and label maps; returns the dataset's folder."""
     rng = np.random.default_rng(seed)
     base = root if custom else os.path.join(root, "ade", "ADEChallengeData2016")
-    img_dir, ann_dir = os.path.join(base, "images", split), os.path.join(base, "labels" if custom else "annotations", split)
+    img_dir = os.path.join(base, "images", split)
+    ann_dir = os.path.join(base, "labels" if custom else "annotations", split)
     os.makedirs(img_dir, exist_ok=True)
     os.makedirs(ann_dir, exist_ok=True)
     for i in range(count):

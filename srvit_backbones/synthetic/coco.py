@@ -1,9 +1,7 @@
-"""A small COCO-format instance-segmentation dataset (tools/make_synthetic_coco.py): in COCO
-2017's layout (``ROOT/coco/{train,val}2017/``, ``ROOT/coco/annotations/instances_*.json``)
-labelled with three of COCO's categories, all 80 listed with their official ids; or, with
-``categories``, a custom set as labelling tools export COCO (``ROOT/{train,val}/``,
-``ROOT/annotations/{train,val}.json``), the shapes categories 1..3. Polygon masks of shapes
-that never overlap, so every mask is exact."""
+"""A small COCO-format instance-segmentation dataset (tools/make_synthetic_coco.py): COCO 2017's
+layout (``ROOT/coco/{train,val}2017/``, ``ROOT/coco/annotations/instances_*.json``, all 80
+categories listed) or, with ``categories``, a custom set as labelling tools export it. Polygons
+of shapes that never overlap, so every mask is exact."""
 import json
 import math
 import os
@@ -11,7 +9,7 @@ import os
 import numpy as np
 from PIL import Image, ImageDraw
 
-from . import dataset_parser, parse_dataset_args
+from . import dataset_parser, parse_dataset_args, regular_polygon
 
 SHAPES = {"circle": 37, "square": 72, "triangle": 38}  # COCO ids: sports ball, tv, kite
 
@@ -24,13 +22,10 @@ def coco_categories():
 
 
 def shape_polygon(kind, cx, cy, r, angle):
-    """The outline of a circle (24 points), square or triangle of radius ``r``."""
+    """The outline of a circle (24 points), square or triangle of radius ``r``, turned by ``angle``."""
     if kind == "circle":
-        n = 24
-        return [(cx + r * math.cos(2 * math.pi * i / n), cy + r * math.sin(2 * math.pi * i / n)) for i in range(n)]
-    sides = 4 if kind == "square" else 3
-    return [(cx + r * math.cos(angle + 2 * math.pi * i / sides), cy + r * math.sin(angle + 2 * math.pi * i / sides))
-            for i in range(sides)]
+        return regular_polygon(cx, cy, r, 24)
+    return regular_polygon(cx, cy, r, 4 if kind == "square" else 3, angle)
 
 
 def polygon_area(points):

@@ -1,10 +1,6 @@
-"""A small LVIS-v1-format instance-segmentation dataset (tools/make_synthetic_lvis.py) over
-``coco``'s shapes: the images where LVIS v1 keeps them (``ROOT/coco/{train,val}2017/``), the
-annotations in ``ROOT/lvis/lvis_v1_{train,val}.json``, circles "beachball" (rare), triangles
-"wagon_wheel" (common), squares "television_set" (frequent). The files are what the ``lvis``
-package and both frameworks read: all 1203 categories with their frequency groups and this
-split's counts, images with ``coco_url``, ``neg_category_ids`` (the shapes verified absent) and
-``not_exhaustive_category_ids`` (a shape of every fourth image)."""
+"""A small LVIS v1 dataset (tools/make_synthetic_lvis.py) of ``coco``'s shapes: images in
+``ROOT/coco/{train,val}2017/``, ``ROOT/lvis/lvis_v1_{train,val}.json`` with all 1203 categories
+(circles rare, triangles common, squares frequent), ``coco_url``, negative and not-exhaustive lists."""
 import json
 import os
 
@@ -20,7 +16,7 @@ def lvis_categories():
     from detectron2.data.datasets.lvis_v1_categories import LVIS_CATEGORIES
 
     assert len(LVIS_CATEGORIES) == 1203
-    return [dict(id=c["id"], name=c["name"], synset=c["synset"], synonyms=c["synonyms"], def_=c["def"],
+    return [dict(id=c["id"], name=c["name"], synset=c["synset"], synonyms=c["synonyms"], **{"def": c["def"]},
                  frequency=c["frequency"]) for c in sorted(LVIS_CATEGORIES, key=lambda c: c["id"])]
 
 
@@ -44,12 +40,8 @@ def write_split(root, split, count, size, max_shapes, seed, categories):
         for ann in anns:
             annotations.append(dict(id=len(annotations) + 1, image_id=i + 1, category_id=shape_ids[ann["category_id"]],
                                     segmentation=ann["segmentation"], bbox=ann["bbox"], area=ann["area"]))
-    cats = []
-    for c in categories:
-        c = {("def" if k == "def_" else k): v for k, v in c.items()}
-        c["image_count"] = len({a["image_id"] for a in annotations if a["category_id"] == c["id"]})
-        c["instance_count"] = sum(a["category_id"] == c["id"] for a in annotations)
-        cats.append(c)
+    cats = [dict(c, image_count=len({a["image_id"] for a in annotations if a["category_id"] == c["id"]}),
+                 instance_count=sum(a["category_id"] == c["id"] for a in annotations)) for c in categories]
     ann_dir = os.path.join(root, "lvis")
     os.makedirs(ann_dir, exist_ok=True)
     path = os.path.join(ann_dir, f"lvis_v1_{split}.json")
