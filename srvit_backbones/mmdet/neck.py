@@ -1,6 +1,5 @@
-"""ViTDet's Simple Feature Pyramid for MMDetection (the pip wheel lacks mmdet's
-``projects/ViTDet``): detectron2's ``SimpleFeaturePyramid``, layer for layer, so that one
-pyramid of the same weights gives the same maps in both frameworks (a test copies them)."""
+"""ViTDet's Simple Feature Pyramid for MMDetection: detectron2's ``SimpleFeaturePyramid`` layer for layer
+(the pip wheel lacks mmdet's ``projects/ViTDet``)."""
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -11,12 +10,8 @@ from mmengine.model import BaseModule
 
 
 class LayerNorm2d(nn.LayerNorm):
-    """LayerNorm over the channels of an NCHW map (detectron2's ``LayerNorm``, eps 1e-6):
-    the "LN" of ViTDet's pyramid and heads.
-
-    The output is a contiguous NCHW tensor: the permuted view (NHWC in memory) would be read
-    as NCHW by mmcv's ``RoIAlign`` (CPU and CUDA kernels index ``data_ptr()`` without making
-    the input contiguous), which pools scrambled features for the RoI heads."""
+    """LayerNorm over the channels of an NCHW map (detectron2's ``LayerNorm``, eps 1e-6); the output is
+    contiguous NCHW, as mmcv's ``RoIAlign`` reads ``data_ptr()`` as NCHW."""
 
     def __init__(self, num_channels: int, eps: float = 1e-6, **kwargs):
         super().__init__(num_channels, eps=eps, **kwargs)
