@@ -1,13 +1,5 @@
-"""Loading pretrained weights into the core SR-ViT: unwrap, map keys, resize the position
-embedding, and load completely or fail with a short report of what is missing.
-
-Accepted sources: checkpoints written by ``tools/pretrain.py`` (``{"model": ..., "model_ema":
-...}``), plain state dicts, timm ViT/DeiT state dicts (``blocks.{i}.*``, mapped onto the unique
-blocks of any layout), ``.safetensors`` files, and whole-model checkpoints of the frameworks
-(mmengine's ``{"state_dict": {"backbone.srvit.*": ...}}``, detectron2's ``{"model":
-{"backbone.net.srvit.*": ...}}``), whose backbone is found by its patch embedding.
-Used by timm (``checkpoint_filter_fn``), Detectron2 and MMSegmentation alike.
-"""
+"""Loading pretrained weights into the core SR-ViT: unwrap, map keys, resize the position embedding,
+and load completely or fail with a short report (docs/checkpoints.md lists the accepted sources)."""
 import importlib.metadata
 import logging
 import os
@@ -19,26 +11,22 @@ import torch
 import torch.nn as nn
 
 from .errors import CheckpointError
-from .models.srvit import resize_pos_embed, serves_as_is
-from .models.rel_pos import is_rel_pos, resize_rel_pos
 from .models.factory import set_checkpoint_filter
+from .models.rel_pos import is_rel_pos, resize_rel_pos
 from .models.rules import is_int_in, split_pos_embed
+from .models.srvit import resize_pos_embed, serves_as_is
 
 logger = logging.getLogger(__name__)
 
-#: classifier parameters: dropped when they do not fit, allowed to be missing (a new head)
 HEAD_PREFIXES = ("head.", "head_dist.", "fc_norm.")
-#: parameters a checkpoint may lack without the load being partial: a new classifier, and a
-#: distillation token when a plain checkpoint initialises a distilled model
+#: may be missing without the load being partial: a new classifier or distillation token
 OPTIONAL_KEYS = HEAD_PREFIXES + ("dist_token",)
-#: the key that marks where the backbone sits inside a whole-model checkpoint
 ANCHOR = "patch_embed.proj.weight"
 _WRAPPERS = ("module.", "_orig_mod.")  # DDP / torch.compile
 
 
 def group_keys(keys: Iterable[str]) -> List[str]:
-    """A few lines for many keys, detectron2-style: ``units.{1,2}.blocks.* (24)``; relative-
-    position tables by name: ``units.{1,2}.blocks.*.attn.window_rel_pos_h (5)``."""
+    """A few lines for many keys, detectron2-style: ``units.{1,2}.blocks.* (24)``."""
     groups: Dict[str, List] = {}
     for key in keys:
         m = re.match(r"^units\.(\d+)\.(blocks\.\d+\.attn\.\w+_rel_pos_[hw]$|blocks|router|step_transforms)\b", key)
@@ -72,10 +60,8 @@ class LoadReport:
 
     @property
     def required_missing(self) -> List[str]:
-        """Missing keys that make the load partial: all but a new classifier and new relative-
-        position tables. The tables are optional because zero tables add no bias (the
-        checkpoint's function is kept) and ViTDet starts them at zero from a checkpoint without
-        them, the usual case: ImageNet pretraining has none."""
+        """Missing keys that make the load partial: all but a new classifier and new relative-position
+        tables (zero tables add no bias; ImageNet pretraining has none)."""
         return [k for k in self.missing if not (k.startswith(OPTIONAL_KEYS) or is_rel_pos(k))]
 
     @property
@@ -100,8 +86,11 @@ class LoadReport:
 
 
 def read_checkpoint(path: str) -> Any:
-    """``torch.load`` with torch >= 2.6's safe default (``weights_only=True``), or a
-    ``.safetensors`` file; anything else is a ``CheckpointError`` that says what it is."""
+    """``torch.load`` with ``weights_only=True``, or a ``.safetensors`` file.
+
+    Raises:
+        CheckpointError: the file is missing, not a checkpoint, or holds objects torch refuses.
+    """
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint file not found: {path}")
     if path.endswith(".safetensors"):
@@ -128,17 +117,13 @@ def read_checkpoint(path: str) -> Any:
             f"python tools/convert_checkpoint.py {path} OUT.pth --model VARIANT --trust") from None
 
 
-#: the entry-point group through which an adapter allow-lists the types its framework writes into
-#: checkpoints, one entry per framework package (setup.py: ``mmengine`` ->
-#: ``srvit_backbones.openmmlab.checkpoint_loading``), loaded when torch refuses such a type: the
-#: reader knows no adapter, and reads an mmseg ``iter_N.pth`` in any tool
+#: entry points (one per framework package, setup.py) that allow-list the types its checkpoints hold
 CHECKPOINT_TYPES_GROUP = "srvit_backbones.checkpoint_types"
 _types_loaded = set()
 
 
 def _allow_types_of(package: str) -> bool:
-    """Run the entry point that allow-lists ``package``'s checkpoint types, once; False if none is
-    declared, its framework is not installed, or it ran already."""
+    """Run the entry point that allow-lists ``package``'s checkpoint types, once; False if none ran."""
     if package in _types_loaded:
         return False
     _types_loaded.add(package)
@@ -156,8 +141,8 @@ def _allow_types_of(package: str) -> bool:
 
 
 def extract_state_dict(obj: Any, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:
-    """The weights inside a checkpoint object (pretraining, timm, DeiT, mmengine, detectron2),
-    DDP / torch.compile wrapper prefixes removed; framework prefixes are kept."""
+    """The weights inside a checkpoint object, DDP / torch.compile prefixes removed (``CheckpointError``
+    when there are none)."""
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"a checkpoint must be a dict, got {type(obj).__name__}")
     keys = ("model_ema", "state_dict_ema", "model", "state_dict") if prefer_ema else ("model", "state_dict")
@@ -178,8 +163,7 @@ def extract_state_dict(obj: Any, prefer_ema: bool = False) -> Dict[str, torch.Te
 
 
 def select_backbone(sd: Dict[str, torch.Tensor], prefix: Optional[str], report: LoadReport) -> Dict[str, torch.Tensor]:
-    """The backbone's keys, prefix removed: ``prefix`` when given (mmengine's ``init_cfg``
-    ``prefix``), else found where ``patch_embed.proj.weight`` sits (``backbone.net.srvit.``...)."""
+    """The backbone's keys, ``prefix`` (else where ``patch_embed.proj.weight`` sits) removed."""
     if prefix is None:
         found = sorted({k[:-len(ANCHOR)] for k in sd if k.endswith(ANCHOR)})
         if len(found) > 1:
@@ -203,12 +187,8 @@ def _unit_block_names(model: nn.Module) -> List[str]:
 
 
 def default_vit_blocks(num_ckpt_blocks: int, num_model_blocks: int) -> List[int]:
-    """Which blocks of a plain ViT checkpoint seed the model's unique blocks, in order: the
-    first ones (SR-ViT's unique blocks are DeiT's layers in order), except for a single shared
-    block (bViT), which takes the middle block ``n // 2`` (block 6 of 12): it will be applied
-    at every depth, and a ViT's middle layers work on the representation that the early and
-    late ones share, while block 0 is specialised to raw patch embeddings and the last block
-    to the classifier."""
+    """Which blocks of a plain ViT checkpoint seed the model's unique blocks: the first ones, or for a
+    single shared block (bViT) the middle one ``n // 2`` (docs/checkpoints.md)."""
     if num_model_blocks == 1 and num_ckpt_blocks > 1:
         return [num_ckpt_blocks // 2]
     return list(range(min(num_ckpt_blocks, num_model_blocks)))
@@ -216,9 +196,8 @@ def default_vit_blocks(num_ckpt_blocks: int, num_model_blocks: int) -> List[int]
 
 def map_vit_block_keys(sd: Dict[str, torch.Tensor], model: nn.Module, report: LoadReport,
                        vit_blocks: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
-    """timm ViT/DeiT ``blocks.{i}.*`` -> ``units.{u}.blocks.{k}.*``: the checkpoint blocks
-    ``vit_blocks`` (default ``default_vit_blocks``) seed the unique blocks in order; the
-    checkpoint's other blocks are dropped and reported."""
+    """timm ViT/DeiT ``blocks.{i}.*`` -> ``units.{u}.blocks.{k}.*`` (``vit_blocks``, default
+    ``default_vit_blocks``); the other blocks are dropped and reported."""
     pattern = re.compile(r"^blocks\.(\d+)\.(.*)$")
     if not any(pattern.match(k) for k in sd):
         return sd
@@ -248,8 +227,7 @@ def map_vit_block_keys(sd: Dict[str, torch.Tensor], model: nn.Module, report: Lo
 
 
 def adapt_pos_embed(pos_embed: torch.Tensor, model: nn.Module, report: Optional[LoadReport] = None) -> torch.Tensor:
-    """Resize a (1, prefix + h*w, D) table to the model's grid and prefix-token count, with
-    the model's own interpolation (``pos_embed_interp``)."""
+    """Resize a (1, prefix + h*w, D) table to the model's grid and prefix-token count."""
     target = model.pos_embed
     if pos_embed.shape[-1] != target.shape[-1]:
         return pos_embed  # a width mismatch: reported by the shape check
@@ -282,8 +260,8 @@ def adapt_pos_embed(pos_embed: torch.Tensor, model: nn.Module, report: Optional[
 
 def convert_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, report: Optional[LoadReport] = None,
                        vit_blocks: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
-    """Map keys, resize the position embedding and relative-position tables, and drop the
-    tokens and classifier the model does not have, in a backbone state dict for ``model``."""
+    """Map keys, resize the position and relative-position tables, drop the tokens and classifier
+    the model lacks."""
     report = report if report is not None else LoadReport()
     sd = map_vit_block_keys(dict(sd), model, report, vit_blocks)
     if "pos_embed" in sd:
@@ -308,10 +286,8 @@ def convert_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, report: Op
 
 def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: nn.Module,
                          allow_partial: bool = False) -> Dict[str, torch.Tensor]:
-    """timm's ``pretrained_filter_fn``: unwrap, take the backbone, map keys, resize pos_embed.
-    timm loads non-strictly whenever the head changes (always for ``features_only``), so
-    missing backbone weights are refused here, unless ``allow_partial``
-    (``timm.create_model(..., pretrained_strict=False)``)."""
+    """timm's ``pretrained_filter_fn``; missing backbone weights raise ``CheckpointError`` unless
+    ``allow_partial`` (``pretrained_strict=False``): timm itself loads non-strictly."""
     report = LoadReport()
     sd = convert_state_dict(select_backbone(extract_state_dict(state_dict), None, report), model, report)
     model_sd = model.state_dict()
@@ -354,9 +330,7 @@ def _partial_error(report: LoadReport, source: str) -> CheckpointError:
 
 
 def _inside_unexpected(unexpected: List[str], model: nn.Module) -> List[str]:
-    """Checkpoint keys that name a unit the model has but a block, router or step transform it
-    lacks: a layout or recursion mismatch. Units after the model's last one (a pruned backbone),
-    a final norm and relative-position tables (a windowed checkpoint) are not."""
+    """Checkpoint keys inside the model's units that it lacks: a layout or recursion mismatch."""
     inside = []
     for key in unexpected:
         m = re.match(r"^units\.(\d+)\.", key)
@@ -366,10 +340,13 @@ def _inside_unexpected(unexpected: List[str], model: nn.Module) -> List[str]:
 
 
 def require_fit(weights: Mapping[str, torch.Tensor], model: nn.Module, source: str, what: str) -> LoadReport:
-    """A trained whole model's weights (a detector's, a segmentor's), as they are, against ``model``:
-    the ``LoadReport`` when every tensor fits, else a ``CheckpointError`` listing a few names of each
-    kind that does not (the frameworks' loaders only log a partial load). ``source`` and ``what``
-    name the checkpoint and the model in the message."""
+    """A whole model's trained weights against ``model``.
+
+    Returns:
+        The ``LoadReport`` when every tensor fits.
+    Raises:
+        CheckpointError: naming a few tensors of each kind that does not fit.
+    """
     model_sd = model.state_dict()
     report = LoadReport(mismatched=[k for k, v in weights.items() if k in model_sd and v.shape != model_sd[k].shape])
     report.missing = [k for k in model_sd if k not in weights]
@@ -388,14 +365,20 @@ def require_fit(weights: Mapping[str, torch.Tensor], model: nn.Module, source: s
 def require_fine_tune_fit(weights: Dict[str, torch.Tensor], model_sd: Mapping[str, torch.Tensor],
                           class_dependent: "re.Pattern", backbones: Mapping[str, bool], log: logging.Logger,
                           source: str, allow_partial_key: str) -> List[str]:
-    """A whole detector's or segmentor's checkpoint (``weights``) against the model about to
-    receive it, as the frameworks load it (non-strictly, logging what differs): every SR-ViT
-    backbone tensor must be there (``backbones``: state-dict prefix of each core model ->
-    its ``allow_partial``), every tensor must have the model's shape, except the layers sized by
-    the number of classes (``class_dependent`` matches their names), which are removed from
-    ``weights`` so that they keep their initialisation when a model of other classes is
-    fine-tuned, and are logged. ``CheckpointError`` otherwise, naming the tensors, ``source``
-    (the config key of the checkpoint) and ``allow_partial_key``. Returns the removed keys."""
+    """A whole detector's or segmentor's checkpoint against the model about to receive it.
+
+    Args:
+        weights: the checkpoint's state dict; the class-dependent tensors of another shape are removed.
+        model_sd: the model's state dict.
+        class_dependent: matches the names of the layers sized by the number of classes.
+        backbones: state-dict prefix of each core model -> its ``allow_partial``.
+        log: where the re-initialised tensors are logged.
+        source, allow_partial_key: the config keys named in the messages.
+    Returns:
+        The removed (re-initialised) keys.
+    Raises:
+        CheckpointError: another tensor of another shape, or backbone tensors missing.
+    """
     mismatched = [k for k, v in weights.items() if k in model_sd and tuple(v.shape) != tuple(model_sd[k].shape)]
     reinitialised = [k for k in mismatched if class_dependent.match(k)]
     others = [k for k in mismatched if k not in reinitialised]
@@ -432,15 +415,18 @@ def require_fine_tune_fit(weights: Dict[str, torch.Tensor], model_sd: Mapping[st
 def load_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Any]], prefer_ema: bool = False,
                     allow_partial: bool = False, prefix: Optional[str] = None, allow_shape_mismatch: bool = False,
                     log: Optional[logging.Logger] = None, vit_blocks: Optional[Sequence[int]] = None) -> LoadReport:
-    """Load a checkpoint (path or dict) into an ``SRViT``; returns and logs a ``LoadReport``.
+    """Load a checkpoint (path or dict) into an ``SRViT``.
 
-    Every backbone tensor must come from the checkpoint: a missing one (other than a new
-    classifier) raises ``CheckpointError`` with a grouped list, unless ``allow_partial``.
-    Tensors of another shape (another width or T) raise, unless ``allow_shape_mismatch``.
-    Checkpoint keys the model does not have (units a pruned backbone dropped, a final norm)
-    and keys outside the backbone are reported, not loaded. ``vit_blocks``: which blocks of a
-    plain ViT checkpoint seed the unique blocks (default ``default_vit_blocks``: the first
-    ones; bViT's shared block takes the middle one).
+    Args:
+        prefer_ema: take the EMA weights when the checkpoint has them.
+        allow_partial: let backbone tensors be missing (they keep their initialisation).
+        prefix: where the backbone sits in a whole-model checkpoint (default: found by its patch embedding).
+        allow_shape_mismatch: skip tensors of another shape instead of raising.
+        vit_blocks: the plain-ViT blocks that seed the unique blocks (``default_vit_blocks``).
+    Returns:
+        The ``LoadReport``, also logged.
+    Raises:
+        CheckpointError: a missing or mismatched tensor, unless allowed.
     """
     log = log or logger
     source = checkpoint if isinstance(checkpoint, str) else "the checkpoint"

@@ -1,5 +1,4 @@
-"""detectron2's row of the framework table (``srvit_backbones.frameworks``): what the tools
-ask of detectron2, each answered by this adapter's modules."""
+"""detectron2's row of the framework table (``srvit_backbones.frameworks``)."""
 from ..frameworks import FrameworkAdapter
 
 

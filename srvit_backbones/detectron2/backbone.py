@@ -1,9 +1,5 @@
-"""SR-ViT as a detectron2 ``Backbone``: a thin wrapper around the core model.
-
-Like ViTDet's ``ViT`` it knows nothing about the detector: it outputs stride-16 maps
-(``last_feat``, and ``unit{i}`` for the units or ``step{i}`` for bViT's recursion steps) and
-is wrapped by detectron2's own ``SimpleFeaturePyramid`` in the configs.
-"""
+"""SR-ViT as a detectron2 ``Backbone``: like ViTDet's ``ViT`` it outputs stride-16 maps and is
+wrapped by detectron2's own ``SimpleFeaturePyramid`` in the configs."""
 from functools import partial
 from typing import Sequence
 
@@ -20,26 +16,14 @@ from ..models.compiled import compile_options, feature_maps_function
 class SRViTBackbone(Backbone):
     """Args:
         variant: a named variant (``srvit_s_t3``, ``srvit_deit_s``, ``bvit_b``, ...).
-        img_size: size of the position-embedding table (1024 for LSJ: a full 64x64 grid).
-        out_features: among ``last_feat`` and the core's features (``unit{i}`` over
-            ``model.units``; ``step{i}`` over the recursion steps of bViT). Without
-            ``last_feat`` the core is cut after the last requested feature: later units (and
-            steps) are neither held nor run (DDP with ``find_unused_parameters=False``
-            rejects parameters that get no gradient).
+        img_size: size of the position-embedding table (1024 for LSJ).
+        out_features: among ``last_feat`` and the core's ``unit{i}`` / ``step{i}`` (bViT); the core is cut
+            after the last requested one (DDP rejects parameters that get no gradient).
         drop_path_rate: stochastic depth over the effective depth.
-        use_act_checkpoint: checkpoint every block application (non-reentrant, DDP-safe).
-        prefer_ema: load the EMA weights of a pretraining checkpoint (``train.init_checkpoint``)
-            when it has them.
-        allow_partial: let a pretraining checkpoint that lacks some backbone weights load
-            (they keep their initialisation and are listed in the log) instead of raising
-            ``CheckpointError``. Both are read by ``SRViTCheckpointer``.
-        compile: ``torch.compile`` the backbone (its forward and backward, in training and
-            inference): True for torch.compile's defaults (inductor), or a dict of its
-            arguments (``{mode: max-autotune}``, ``{backend: aot_eager}``), as mmengine's
-            ``cfg.compile``. The detector's heads stay eager (their shapes depend on the
-            data); DDP wraps the detector as usual (``srvit_backbones.models.compiled``).
-        **overrides: any other core argument (``num_steps``, ``layout``, ``aggregation``,
-            ``window_size``, ``token_merge_ratio``...).
+        use_act_checkpoint: checkpoint every block application (non-reentrant).
+        prefer_ema, allow_partial: read by ``SRViTCheckpointer`` (``load_pretrained``'s arguments).
+        compile: ``torch.compile`` the backbone: True, or a dict of its arguments (heads stay eager).
+        **overrides: any other core argument (``num_steps``, ``layout``, ``window_size``...).
     """
 
     def __init__(self, variant: str = "srvit_s_t3", img_size: int = 1024,
@@ -62,11 +46,10 @@ class SRViTBackbone(Backbone):
                              f"{[core.feature_name(i) for i in core.default_feature_indices]})")
         self._out_features = list(out_features)
         self._feature_indices = [features[f] for f in out_features if f != "last_feat"]
-        # Layer-decay ids count the whole network as built, before any cut, so a parameter
-        # gets the same factor whichever features are returned (and as in MMSegmentation).
+        # layer-decay ids count the whole network, before the cut (the same factors whatever is returned)
         self.layer_decay_unit_sizes = list(self.srvit.unit_sizes)
         last = len(core.feature_points) - 1 if "last_feat" in out_features else max(self._feature_indices)
-        # ViTDet's ViT has no final norm (the SFP normalises): drop it with the unused units.
+        # ViTDet's ViT has no final norm (the SFP normalises)
         self.srvit.prune_intermediate_layers([last], prune_norm=True)
         stride = self.srvit.patch_size
         self._out_feature_channels = {f: self.srvit.embed_dim for f in out_features}
@@ -103,20 +86,17 @@ _WEIGHT_DECAY_KNOB_OF_KIND = {"norm": "weight_decay_norm", "bias": "weight_decay
 
 def srvit_optimizer_params(model, lr_decay: float = 0.7, weight_decay_convention: str = "norms", overrides=None,
                            **kwargs):
-    """detectron2's ``get_default_optimizer_params`` with layer-wise lr decay and the
-    no-weight-decay names read from the SR-ViT backbone inside ``model`` as it was built, so
-    config overrides of the variant, ``layout`` or ``num_steps`` are followed.
+    """detectron2's ``get_default_optimizer_params`` with layer-wise lr decay and the no-weight-decay
+    names of the SR-ViT backbone inside ``model`` as built; ``params.model`` is set by the training script.
 
-    Used as ``optimizer.params = L(srvit_optimizer_params)(base_lr="${..lr}", ...)``;
-    ``params.model`` is set by the training script (as in detectron2's own configs).
-    ``weight_decay_convention`` (``srvit_backbones.layer_decay.WEIGHT_DECAY_CONVENTIONS``;
-    default ``'norms'``, detectron2's ViTDet) is set as detectron2's ``weight_decay_norm`` /
-    ``weight_decay_bias`` = 0; either given otherwise is an error. ``overrides`` (by parameter
-    name, as detectron2's) take precedence over the ``weight_decay=0`` given to the core's
-    ``no_weight_decay()`` parameters. detectron2 matches overrides by a parameter's own name
-    within its module, so those are given by their last name component: ``pos_embed`` (of the
-    core), ``window_rel_pos_h`` (of every attention), ...; no other module of a detector has
-    parameters of these names.
+    Args:
+        lr_decay: factor per layer id.
+        weight_decay_convention: ``layer_decay.WEIGHT_DECAY_CONVENTIONS``, set as ``weight_decay_norm`` /
+            ``weight_decay_bias`` = 0.
+        overrides: by parameter name (its last component), over the no-weight-decay ones.
+        **kwargs: ``get_default_optimizer_params``' other arguments.
+    Raises:
+        ValueError: ``weight_decay_norm`` / ``weight_decay_bias`` contradicting the convention.
     """
     for kind in weight_decay_exemptions(weight_decay_convention):
         knob = _WEIGHT_DECAY_KNOB_OF_KIND[kind]

@@ -1,20 +1,15 @@
-"""A detectron2 config on your own COCO-format data, and the checks of a config against its data:
-the datasets are registered the detectron2 way (``register_coco_instances``, names
-``NAME_train`` / ``NAME_val``), the head is sized from the file's categories, and every
-``num_classes`` of the model must equal the dataset's category count (detectron2 itself trains
-a head that is too small without a word, and one that is too large fails only at evaluation)."""
+"""A detectron2 config on your own COCO-format data (``NAME_train`` / ``NAME_val``, the head sized from
+the file's categories), and the check that every ``num_classes`` equals the datasets' category count."""
 import os
 from typing import List, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 
 from ..data_check import CocoSplit, coco_categories
-from ..errors import ConfigError
 
 
 def register_coco_split(name: str, json_file: str, image_root: str) -> str:
-    """``register_coco_instances(name, {}, json_file, image_root)``; a name registered to other
-    files before (an earlier call in this process) is registered anew to these."""
+    """``register_coco_instances(name, {}, json_file, image_root)``, replacing another registration of ``name``."""
     from detectron2.data import DatasetCatalog, MetadataCatalog
     from detectron2.data.datasets import register_coco_instances
 
@@ -33,11 +28,8 @@ def register_coco_split(name: str, json_file: str, image_root: str) -> str:
 
 
 def use_coco_files(cfg, train: Sequence[str], val: Optional[Sequence[str]] = None, name: str = "custom"):
-    """``cfg`` training on ``train = (json_file, image_root)`` and evaluating on ``val``
-    (default: the training split): the splits registered as ``NAME_train`` / ``NAME_val``,
-    ``dataloader.{train,test}.dataset.names`` pointed at them (the COCOEvaluator follows the test
-    names), ``model.roi_heads.num_classes`` set to the number of categories. Overrides applied
-    after this (``model.roi_heads.num_classes=...``) are checked by ``check_num_classes``."""
+    """``cfg`` training on ``train = (json_file, image_root)`` and evaluating on ``val`` (default: ``train``):
+    the splits registered, the loaders and evaluator pointed at them, ``model.roi_heads.num_classes`` set."""
     names = {"train": register_coco_split(f"{name}_train", *train),
              "test": register_coco_split(f"{name}_val", *(val or train))}
     for split, registered in names.items():
@@ -50,8 +42,7 @@ def use_coco_files(cfg, train: Sequence[str], val: Optional[Sequence[str]] = Non
 
 
 def dataset_classes(name: str) -> List[str]:
-    """The class names of a registered dataset, in the order of its contiguous ids: its metadata's
-    ``thing_classes`` (builtin datasets), else its file's categories (what ``load_coco_json`` sets)."""
+    """The class names of a registered dataset (its ``thing_classes``, else its file's categories)."""
     from detectron2.data import MetadataCatalog
 
     meta = MetadataCatalog.get(name)
@@ -86,9 +77,8 @@ def _num_classes_keys(node, path="model"):
 
 
 def check_num_classes(cfg) -> None:
-    """Every ``num_classes`` of the model equals the category count of every registered dataset
-    of the config, and train and test share their classes: ``ValueError`` naming both numbers
-    and the fix otherwise. Datasets not registered are left to detectron2's own error."""
+    """Every ``num_classes`` of the model equals the category count of every registered dataset, and
+    train and test share their classes: else a ``ValueError`` naming both numbers and the fix."""
     from detectron2.data import DatasetCatalog
 
     seen = {}
@@ -117,8 +107,7 @@ def _names(classes: Sequence[str]) -> str:
 
 
 def data_splits(cfg) -> List[CocoSplit]:
-    """The config's datasets as ``CocoSplit``s for ``srvit_backbones.data_check`` (datasets
-    registered from a COCO or LVIS file); others are not checked."""
+    """The config's datasets registered from a file, as ``CocoSplit``s for ``srvit_backbones.data_check``."""
     from detectron2.data import MetadataCatalog
 
     splits = []

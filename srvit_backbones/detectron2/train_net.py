@@ -1,9 +1,5 @@
-"""tools/train_net.py's work, detectron2's ``tools/lazyconfig_train_net.py`` with the SR-ViT
-checks: the LazyConfig by path or shipped name (your own COCO-format data applied), the data
-check before the processes start, the config checked before the model is built, the trainer
-(its checkpointer writing whole files and resuming by value, the divergence check) and the
-evaluation. The tool keeps detectron2's ``default_argument_parser`` and ``launch``
-(``faults.launch``); ``main`` is what each launched process runs."""
+"""tools/train_net.py's work: detectron2's ``tools/lazyconfig_train_net.py`` with the SR-ViT checks (data,
+config, ``train.init_checkpoint``), the checkpointer and the divergence check; ``main`` runs in each process."""
 import logging
 import os
 
@@ -16,16 +12,15 @@ from detectron2.utils import comm
 from ..config_files import resolve_config
 from ..data_check import add_coco_arguments, add_skip_argument
 from ..errors import CheckpointError, ConfigError
-from . import custom_data, faults, training, validate
+from . import faults, training, validate
 from .checkpoint import SRViTCheckpointer
 
 logger = logging.getLogger("srvit.train_net")
 
 
 def parse_args(parser, argv=None):
-    """``argv`` parsed by ``parser`` (detectron2's ``default_argument_parser``) with our options
-    added: ``--config`` (alias of ``--config-file``, required), your own data's
-    ``--coco-train`` / ``--coco-val`` and ``--skip-data-check``."""
+    """``argv`` parsed by detectron2's ``default_argument_parser`` with ``--config``, ``--coco-*`` and
+    ``--skip-data-check`` added."""
     parser.add_argument("--config", dest="config_file", metavar="FILE", help="alias of --config-file")
     add_coco_arguments(parser)  # your own data: --coco-train, --coco-val
     add_skip_argument(parser)
@@ -36,8 +31,7 @@ def parse_args(parser, argv=None):
 
 
 def check_config(cfg):
-    """Fail early, with the fix, on settings that would fail deep inside detectron2: a
-    ``ConfigError``, or a ``CheckpointError`` for a ``train.init_checkpoint`` that does not exist."""
+    """Fail early with the fix: ``ConfigError``, or ``CheckpointError`` for a missing ``train.init_checkpoint``."""
     try:
         validate.validate_config(cfg)
     except ValueError as e:
@@ -52,8 +46,7 @@ def check_config(cfg):
 
 
 def ddp_kwargs(cfg):
-    """``create_ddp_model``'s arguments: the config's ``train.ddp``, without ``device_ids`` and
-    fp16 gradient compression on the CPU (gloo)."""
+    """``create_ddp_model``'s arguments: ``train.ddp``, without ``device_ids`` and fp16 compression on the CPU."""
     kwargs = dict(cfg.train.ddp)
     if not cfg.train.device.startswith("cuda"):
         kwargs["device_ids"] = None  # CPU (gloo) DDP
@@ -78,9 +71,8 @@ def build_eval_model(cfg):
 
 
 def build_trainer(args, cfg):
-    """Model, optimizer, data, hooks and checkpointer of a training run, loaded from
-    ``train.init_checkpoint`` or, with ``--resume``, restored from the last checkpoint in
-    ``train.output_dir`` (weights, optimizer, iteration). Returns (trainer, start_iter)."""
+    """A training run's trainer, loaded from ``train.init_checkpoint`` or, with ``--resume``, restored from
+    ``train.output_dir``; returns (trainer, start_iter)."""
     model = training.build_model(cfg)
     logger.info("Model:\n%s", model)
     optim = training.build_optimizer(cfg, model)
@@ -103,16 +95,14 @@ def build_trainer(args, cfg):
 
 
 def do_train(args, cfg):
-    """``build_trainer``'s run to ``train.max_iter``; a divergence ends it naming the iteration,
-    the last checkpoint and the fixes (``faults.explained_divergence``)."""
+    """``build_trainer``'s run to ``train.max_iter``; a divergence ends it with an explanation."""
     trainer, start_iter = build_trainer(args, cfg)
     with faults.explained_divergence(trainer):
         trainer.train(start_iter, cfg.train.max_iter)
 
 
 def load_config(args):
-    """The config named by ``args`` (a path or a shipped name) with its ``key=value`` overrides;
-    a ``ConfigError`` when it cannot be found or read."""
+    """``training.load_config`` for ``args``; a ``ConfigError`` when the config cannot be found or read."""
     try:
         return training.load_config(args.config_file, args.opts, args.coco_train, args.coco_val)
     except (FileNotFoundError, ValueError) as e:
@@ -126,8 +116,7 @@ def check_data(args):
 
 
 def main(args):
-    """What each process of the job runs (detectron2's ``launch`` calls it): the config set up
-    as detectron2's tools do (``default_setup``), checked, then trained or, with
+    """What each process runs: the config set up (``default_setup``), checked, then trained or, with
     ``--eval-only``, evaluated (the metrics returned)."""
     cfg = load_config(args)
     args.config_file = resolve_config("detectron2", args.config_file)  # default_setup logs the file: a path

@@ -1,6 +1,5 @@
-"""What tools/train_net.py and the benchmarks share: a LazyConfig by path or shipped name with
-its overrides, its model and optimizer, and the trainer it asks for: detectron2's
-``SimpleTrainer``, or with ``train.amp.enabled`` its ``AMPTrainer`` (on CUDA)."""
+"""What tools/train_net.py and the benchmarks share: a LazyConfig with its overrides, its model and
+optimizer, and its trainer (``SimpleTrainer``, or ``AMPTrainer`` with ``train.amp.enabled``)."""
 import torch
 from detectron2.config import LazyConfig, instantiate
 from detectron2.engine import AMPTrainer, SimpleTrainer
@@ -13,11 +12,12 @@ AMP_PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def load_config(config_file, opts=(), coco_train=None, coco_val=None):
-    """The config named by ``config_file`` (a path or a shipped name such as
-    ``mask_rcnn_srvit_s_t3.py``) with its ``key=value`` overrides; FileNotFoundError naming
-    the shipped configs when there is none. ``coco_train`` / ``coco_val``: (json_file,
-    image_root) of a COCO-format dataset to train and evaluate on (``custom_data.use_coco_files``),
-    applied before the overrides."""
+    """The config ``config_file`` names (a path or a shipped name) with ``coco_train`` / ``coco_val``
+    (``custom_data.use_coco_files``) and then the overrides ``opts`` applied.
+
+    Raises:
+        FileNotFoundError: no such config. ValueError: ``coco_val`` without ``coco_train``.
+    """
     cfg = LazyConfig.load(resolve_config("detectron2", config_file))
     if coco_train:
         use_coco_files(cfg, coco_train, coco_val)
@@ -38,14 +38,10 @@ def build_optimizer(cfg, model):
 
 
 def trainer_class(cfg):
-    """The trainer ``cfg.train.amp`` asks for, as (class, keyword arguments): detectron2's
-    ``SimpleTrainer``, or with ``train.amp.enabled`` its ``AMPTrainer`` (autocast and a GradScaler,
-    CUDA only) in ``train.amp.precision`` (left out: fp16, AMPTrainer's default).
+    """The trainer ``cfg.train.amp`` asks for, as (class, keyword arguments).
 
     Raises:
-        ValueError: naming the fix, where ``train.amp.precision`` names no dtype (checked whether or
-            not ``train.amp.enabled`` is set, so a typo is an error either way), or where
-            ``train.amp.enabled`` asks for mixed precision on a ``train.device`` other than CUDA.
+        ValueError: ``train.amp.precision`` names no dtype, or ``train.amp.enabled`` on a device other than CUDA.
     """
     precision = cfg.train.amp.get("precision", None)
     if precision is not None and precision not in AMP_PRECISIONS:
@@ -62,7 +58,6 @@ def trainer_class(cfg):
 
 
 def build_trainer(cfg, model, data_loader, optimizer):
-    """The trainer tools/train_net.py runs (``trainer_class``) over ``model``, ``data_loader`` and
-    ``optimizer``."""
+    """The trainer ``trainer_class`` names over ``model``, ``data_loader`` and ``optimizer``."""
     kind, kwargs = trainer_class(cfg)
     return kind(model, data_loader, optimizer, **kwargs)

@@ -1,10 +1,9 @@
-"""Checks of a LazyConfig that catch, with the fix, what detectron2 would fail on later or
-handle silently (a square pad smaller than the images crops them)."""
+"""Checks of a LazyConfig that catch, with the fix, what detectron2 would fail on later or do silently."""
 import torch
 
 from ..data_check import run_check
 from ..errors import ConfigError
-from .custom_data import check_num_classes, data_splits
+from .custom_data import check_num_classes, data_splits, dataset_names
 from .training import load_config, trainer_class
 
 
@@ -20,7 +19,7 @@ def _max_image_side(augmentations):
 
 
 def validate_config(cfg):
-    """Raise ``ValueError`` naming the key and the fix; returns the config."""
+    """The config, checked: a ``ValueError`` naming the key and the fix otherwise."""
     net = cfg.model.backbone.get("net", {})
     patch = int(net.get("patch_size", 16)) if hasattr(net, "get") else 16
     square_pad = int(cfg.model.backbone.get("square_pad", 0) or 0)
@@ -59,35 +58,30 @@ def is_lvis_config(cfg) -> bool:
 
 
 def validate_lvis_data(cfg):
-    """An LVIS config's datasets must be LVIS-format files: raise ``ValueError`` naming the field
-    and the fix otherwise (a COCO file would train on COCO's ids read as LVIS's and fail at its
-    first evaluation). Datasets not registered are left to detectron2's own error."""
+    """An LVIS config's datasets must be LVIS-format files: else a ``ValueError`` naming the fix."""
     from detectron2.data import DatasetCatalog, MetadataCatalog
 
     from ..lvis import check_lvis_annotations
 
     if not is_lvis_config(cfg):
         return cfg
-    for split in ("train", "test"):
-        loader = cfg.dataloader.get(split)
-        names = loader.dataset.get("names") if loader is not None and "dataset" in loader else None
-        for name in [names] if isinstance(names, str) else list(names or []):
-            if name not in DatasetCatalog.list():
-                continue
-            json_file = MetadataCatalog.get(name).get("json_file")
-            if json_file is None:
-                raise ValueError(f"dataloader.{split}.dataset.names={name!r} has no json_file in its metadata: "
-                                 f"an LVIS config needs a dataset registered from an LVIS v1 file "
-                                 f"(detectron2.data.datasets.register_lvis_instances)")
-            check_lvis_annotations(json_file, f"dataloader.{split}.dataset.names={name!r}: its file")
+    for key, name in dataset_names(cfg):
+        if name not in DatasetCatalog.list():
+            continue
+        json_file = MetadataCatalog.get(name).get("json_file")
+        if json_file is None:
+            raise ValueError(f"{key}={name!r} has no json_file in its metadata: an LVIS config needs a dataset "
+                             f"registered from an LVIS v1 file (detectron2.data.datasets.register_lvis_instances)")
+        check_lvis_annotations(json_file, f"{key}={name!r}: its file")
     return cfg
 
 
 def check_config_data(config_file, opts=(), coco_train=None, coco_val=None) -> None:
-    """tools/check_data.py's check of a LazyConfig (and the one tools/train_net.py runs first):
-    the config loaded as train_net loads it, its class counts against its datasets, then every
-    file of its datasets; a ``ConfigError`` (the config against its data) or ``DataCheckError``
-    (the files) naming the problem and the fix."""
+    """tools/check_data.py's check of a LazyConfig (also run by tools/train_net.py first).
+
+    Raises:
+        ConfigError: the config against its data. DataCheckError: the data's files.
+    """
     try:
         cfg = load_config(config_file, opts, coco_train, coco_val)
         validate_lvis_data(cfg)

@@ -7,15 +7,8 @@ from .backbone import SRViTBackbone
 
 
 def add_srvit_config(cfg):
-    """Add ``MODEL.SRVIT`` (the backbone) and ``MODEL.SRVIT.SFP`` (ViTDet's pyramid).
-
-    The keys are ``SRViTBackbone``'s arguments. ViTDet's attention (the LazyConfig ``*_win``
-    configs): ``WINDOW_SIZE: 14``, ``USE_REL_POS: True``; ``GLOBAL_ATTN_INDEXES`` (block
-    applications that stay global) None is the core's default rule. ``PREFER_EMA`` and
-    ``ALLOW_PARTIAL`` are read when ``SRViTCheckpointer`` loads a pretraining checkpoint
-    (``MODEL.WEIGHTS``; detectron2's own ``DetectionCheckpointer`` does not read those).
-    ``COMPILE: True`` compiles the backbone with torch.compile's defaults.
-    """
+    """Add ``MODEL.SRVIT`` (``SRViTBackbone``'s arguments) and ``MODEL.SRVIT.SFP`` (ViTDet's pyramid);
+    ``PREFER_EMA`` / ``ALLOW_PARTIAL`` are read by ``SRViTCheckpointer`` (``MODEL.WEIGHTS``)."""
     cfg.MODEL.SRVIT = CN()
     cfg.MODEL.SRVIT.VARIANT = "srvit_s_t3"
     cfg.MODEL.SRVIT.IMG_SIZE = 1024

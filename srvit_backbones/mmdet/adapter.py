@@ -4,8 +4,7 @@ from . import tools
 
 
 class MMDetAdapter(OpenMMLabAdapter):
-    """mmdet configs, ``DetInferencer`` (drawn by ``DetLocalVisualizer``), the detector's
-    ``predict`` counted by fvcore."""
+    """mmdet configs, ``DetInferencer``, the detector's ``predict`` counted by fvcore."""
 
     tools = tools
     checkpoint_hint = ("give the iter_N.pth that tools/train_det.py wrote with this config and the same options "

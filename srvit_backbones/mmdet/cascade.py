@@ -1,24 +1,7 @@
-"""detectron2's Cascade R-CNN mask branch for mmdet's CascadeRoIHead.
-
-mmdet's CascadeRoIHead builds a mask head per stage, trains each on its stage's samples and
-averages the three at test time; detectron2's CascadeROIHeads (ViTDet's cascade) has one mask
-head, trained on the first stage's samples (proposals matched at IoU 0.5, as in Mask R-CNN) and
-run on the last stage's boxes. ``SingleMaskCascadeRoIHead`` is mmdet's head with that branch:
-the same parameters as detectron2's, the same training targets.
-
-It also trains the box stages as detectron2 does:
-- the gradient that each stage's box loss sends into the pooled features (hence the pyramid and
-  the backbone) is scaled by 1 / stages (detectron2's ``_ScaleGradient``), the box heads' own
-  gradients left whole: mmdet's ``stage_loss_weights`` would scale both;
-- the boxes a stage refines from ground-truth boxes added as proposals go on to the next stage
-  (mmdet drops them there and adds the ground truth again); with the later stages' sampler
-  ``PseudoSampler`` (every refined box, no ground truth added: vitdet_cascade_heads.py), stages 2
-  and 3 train on all the previous stage's refined boxes, as detectron2's do.
-
-and scores the final boxes as detectron2 does: the mean of the three stages' class probabilities
-(softmax, or sigmoid with the federated loss), where mmdet's head averages their logits (with
-sigmoid scores kept above 0.02, the two keep different boxes).
-"""
+"""detectron2's Cascade R-CNN (ViTDet's cascade) for mmdet's ``CascadeRoIHead``: one mask head (trained on
+stage 0's samples, run on the final boxes), the box losses' gradient into the features scaled by 1 / stages,
+refined ground-truth boxes kept, and the final boxes scored by the mean of the stages' probabilities
+(docs/mmdet.md)."""
 import torch
 from mmdet.models.roi_heads import CascadeRoIHead
 from mmdet.registry import MODELS
@@ -42,9 +25,7 @@ class _ScaleGradient(torch.autograd.Function):
 
 @MODELS.register_module()
 class SingleMaskCascadeRoIHead(CascadeRoIHead):
-    """CascadeRoIHead with one mask head (detectron2's CascadeROIHeads): its loss from stage 0's
-    sampling results only, its prediction on the final boxes; the box stages' gradient into the
-    features scaled by 1 / stages and the refined ground-truth boxes kept (detectron2's training)."""
+    """CascadeRoIHead trained and scored as detectron2's CascadeROIHeads (see the module)."""
 
     _fusing_probabilities = False
 
@@ -57,9 +38,8 @@ class SingleMaskCascadeRoIHead(CascadeRoIHead):
         return results
 
     def _refine_roi(self, x, rois, batch_img_metas, num_proposals_per_img, **kwargs) -> tuple:
-        """mmdet's refinement, which averages the stages' ``cls_score``, given each stage's class
-        probabilities: it returns the logits of their mean, which the last head's activation turns
-        back into that mean (detectron2's CascadeROIHeads score)."""
+        """mmdet's refinement given each stage's probabilities: it returns the logits of their mean, which the
+        last head's activation turns back into that mean."""
         self._fusing_probabilities = True
         try:
             rois, cls_scores, bbox_preds = super()._refine_roi(x, rois, batch_img_metas, num_proposals_per_img,

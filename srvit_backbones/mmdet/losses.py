@@ -1,18 +1,6 @@
-"""detectron2's LVIS classification loss for mmdet's box heads, which the pip wheel lacks: sigmoid
-cross-entropy with the federated loss (Zhou et al., 2021), as FastRCNNOutputLayers computes it with
-``use_sigmoid_ce=True, use_fed_loss=True`` (ViTDet's LVIS configs).
-
-Per batch of N RoIs over K classes (K + 1 logits, the last one background, unused): binary
-cross-entropy on the first K logits, counted only on the classes of the batch's ground truth and
-on classes drawn without replacement, with probability proportional to their weights, until 50
-classes are there; summed and divided by N. The weights are each class's training image count
-to the power 0.5: by default LVIS v1's counts, shipped in the package as detectron2 ships them in
-its metadata (``image_counts='lvis_v1'``: no file read, whatever ``data_root`` or ``ann_file`` the
-dataset is given); for another dataset, ``image_counts`` names its LVIS-format training file (its
-categories' ``image_count``, read once per process; the data check of tools/train_det.py checks
-it). A class without images counts as one image, so that it can be drawn (LVIS v1 train has none
-such; synthetic files do).
-"""
+"""detectron2's LVIS classification loss for mmdet's box heads: sigmoid cross-entropy with the federated
+loss (Zhou et al., 2021), as FastRCNNOutputLayers computes it with ``use_sigmoid_ce=True, use_fed_loss=True``
+(docs/mmdet.md)."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -33,7 +21,7 @@ def fed_loss_classes(gt_classes, num_fed_loss_classes, num_classes, weight):
 
 
 def image_count_weights(image_counts, num_classes, freq_weight_power):
-    """detectron2's get_fed_loss_cls_weights: each class's image count to ``freq_weight_power``."""
+    """detectron2's get_fed_loss_cls_weights: each class's image count (at least 1) to ``freq_weight_power``."""
     from ..lvis import class_image_counts
 
     counts = torch.tensor([max(c, 1) for c in class_image_counts(image_counts, num_classes)], dtype=torch.float)
@@ -42,15 +30,14 @@ def image_count_weights(image_counts, num_classes, freq_weight_power):
 
 @MODELS.register_module()
 class FederatedSigmoidCELoss(nn.Module):
-    """Sigmoid CE + federated loss for a box head's ``loss_cls``; its K + 1 logits and sigmoid
-    scores (background column 0) through mmdet's custom-activation hooks.
+    """Sigmoid CE + federated loss for a box head's ``loss_cls`` (K + 1 logits, through mmdet's
+    custom-activation hooks).
 
     Args:
-        image_counts: ``'lvis_v1'`` (LVIS v1's training image counts, shipped) or the path of an
-            LVIS-format training file whose categories' ``image_count`` weigh the classes.
+        image_counts: ``'lvis_v1'`` (shipped counts) or an LVIS-format training file.
         num_classes: K (1203 for LVIS v1).
-        freq_weight_power: the weights' power (detectron2's ``get_fed_loss_cls_weights(.., 0.5)``).
-        num_fed_loss_classes: classes counted per batch (detectron2's ``fed_loss_num_classes``, 50).
+        freq_weight_power: the weights' power (detectron2's 0.5).
+        num_fed_loss_classes: classes counted per batch (detectron2's 50).
     """
 
     custom_cls_channels = True
@@ -66,8 +53,7 @@ class FederatedSigmoidCELoss(nn.Module):
 
     @property
     def fed_loss_cls_weights(self):
-        """The class weights, made at the first loss (a detector built for inference or counting
-        needs no training file, even when ``image_counts`` names one)."""
+        """The class weights, made at the first loss (inference needs no training file)."""
         if self._weights is None:
             self._weights = image_count_weights(self.image_counts, self.num_classes, self.freq_weight_power)
         return self._weights

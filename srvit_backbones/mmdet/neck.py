@@ -1,6 +1,5 @@
-"""ViTDet's Simple Feature Pyramid for MMDetection (the pip wheel lacks mmdet's
-``projects/ViTDet``): detectron2's ``SimpleFeaturePyramid``, layer for layer, so that one
-pyramid of the same weights gives the same maps in both frameworks (a test copies them)."""
+"""ViTDet's Simple Feature Pyramid for MMDetection: detectron2's ``SimpleFeaturePyramid`` layer for layer
+(the pip wheel lacks mmdet's ``projects/ViTDet``)."""
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -11,12 +10,8 @@ from mmengine.model import BaseModule
 
 
 class LayerNorm2d(nn.LayerNorm):
-    """LayerNorm over the channels of an NCHW map (detectron2's ``LayerNorm``, eps 1e-6):
-    the "LN" of ViTDet's pyramid and heads.
-
-    The output is a contiguous NCHW tensor: the permuted view (NHWC in memory) would be read
-    as NCHW by mmcv's ``RoIAlign`` (CPU and CUDA kernels index ``data_ptr()`` without making
-    the input contiguous), which pools scrambled features for the RoI heads."""
+    """LayerNorm over the channels of an NCHW map (detectron2's ``LayerNorm``, eps 1e-6); the output is
+    contiguous NCHW, as mmcv's ``RoIAlign`` reads ``data_ptr()`` as NCHW."""
 
     def __init__(self, num_channels: int, eps: float = 1e-6, **kwargs):
         super().__init__(num_channels, eps=eps, **kwargs)
@@ -27,21 +22,16 @@ class LayerNorm2d(nn.LayerNorm):
 
 
 class SimpleFeaturePyramid(BaseModule):
-    """Maps at strides 16/scale for each of ``scale_factors`` from one stride-16 map (the
-    backbone's last block), plus ``num_outs - len(scale_factors)`` levels max-pooled from the
-    last (detectron2's ``LastLevelMaxPool``): strides 4, 8, 16, 32 and 64 by default.
+    """Maps at strides 16/scale for each of ``scale_factors`` from one stride-16 map, plus levels
+    max-pooled from the last (detectron2's ``LastLevelMaxPool``): strides 4 to 64 by default.
 
     Args:
-        in_channels: channels of the backbone map (its width: 384 for SR-ViT-S).
+        in_channels: channels of the backbone map.
         out_channels: channels of every output level.
-        scale_factors: 4 (two stride-2 transposed convs, norm + GELU between them), 2 (one),
-            1 (the map itself), 0.5 (2x2 max-pooling); each followed by a 1x1 and a 3x3 conv
-            with ``norm_cfg`` and no activation.
+        scale_factors: among 4, 2, 1 and 0.5 (ViTDet's); each followed by a 1x1 and a 3x3 conv.
         num_outs: output levels; those beyond the scale factors are max-pooled.
-        in_index: which of the backbone's outputs is the input (the last: the backbone's
-            ``out_indices=(-1,)``).
-        norm_cfg: norm of the upsampling stage and the convs (ViTDet: LayerNorm over channels,
-            eps 1e-6 as detectron2's unless given).
+        in_index: which of the backbone's outputs is the input.
+        norm_cfg: norm of the upsampling stage and the convs (default: ``LayerNorm2d``, eps 1e-6).
     """
 
     def __init__(self, in_channels: int, out_channels: int = 256,

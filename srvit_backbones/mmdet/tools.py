@@ -1,6 +1,5 @@
-"""mmdet's side of tools/train_det.py and tools/test_det.py (``openmmlab.entry``): what mmdet's
-own scripts do beyond mmengine's (``SCRIPT_OPTIONS``), your own COCO-format dataset (mmdet's
-convention: ``metainfo`` + ``data_root`` + ``ann_file``), and what a missing COCO looks like."""
+"""mmdet's side of tools/train_det.py and tools/test_det.py (``openmmlab.entry``): mmdet's own script
+options, your own COCO-format dataset, and what a missing COCO looks like."""
 import os
 
 from mmengine.config import Config
@@ -16,9 +15,7 @@ SIZED_FROM_DATA = "or train with --coco-train / --coco-val, which size the heads
 
 
 class MMDetScriptOptions(ScriptOptions):
-    """mmdet's tools/train.py and test.py: ``--auto-scale-lr`` (the config's ``auto_scale_lr``),
-    ``--resume`` with an optional checkpoint, ``--out`` a pickle of the predictions (mmdet's
-    ``DumpDetResults`` evaluator) and ``--show-dir`` below the run's folder."""
+    """mmdet's tools/train.py and test.py: ``--auto-scale-lr``, ``--resume [CKPT]``, ``--out`` a pickle."""
 
     train_description = "Train a detector"
     test_description = "MMDet test (and eval) a model"
@@ -69,11 +66,12 @@ def load_config(args) -> Config:
 
 
 def use_coco_files(cfg: Config, train, val=None) -> None:
-    """``cfg`` on your own COCO-format data, in place: ``train`` / ``val`` = (json_file,
-    image folder); every loader's dataset reads them with ``metainfo.classes`` = the file's
-    category names (in id order), the CocoMetrics read the validation file, and the heads'
-    ``num_classes`` is the number of categories. ``ConfigError`` for ``val`` without ``train``,
-    ``InputError`` for an annotation file that does not exist."""
+    """``cfg`` on your own COCO-format data, in place: ``train`` / ``val`` = (json_file, image folder), the
+    classes and the heads' ``num_classes`` from the file's categories.
+
+    Raises:
+        ConfigError: ``val`` without ``train``. InputError: an annotation file that does not exist.
+    """
     if not train:
         if val:
             raise ConfigError("--coco-val needs --coco-train (the training split sizes the heads)")
@@ -97,8 +95,7 @@ def use_coco_files(cfg: Config, train, val=None) -> None:
 
 
 def check_data(cfg: Config, loaders, read_files: bool = False) -> None:
-    """The datasets' paths, LVIS files, class counts and, with ``read_files``, every image header
-    and annotation (``srvit_backbones.data_check``)."""
+    """The datasets' paths, LVIS files, class counts and, with ``read_files``, every image and annotation."""
     openmmlab_tools.check_data(cfg, loaders, _missing_data_message)
     check_lvis_data(cfg, loaders)
     from mmdet.registry import DATASETS
@@ -107,10 +104,8 @@ def check_data(cfg: Config, loaders, read_files: bool = False) -> None:
 
 
 def check_lvis_data(cfg: Config, loaders) -> None:
-    """An LVIS dataset's and (SRViT)LVISMetric's annotation files must be LVIS-format, and a training
-    config's federated losses must find ``num_classes`` image counts (LVIS v1's shipped ones, or
-    their ``image_counts`` file): an ``LVISFormatError`` naming the field and the fix otherwise (mmdet
-    would train on COCO's ids read as LVIS's and fail at its first evaluation, or at its first loss)."""
+    """LVIS datasets' and metrics' files must be LVIS-format, and federated losses must find their image
+    counts: an ``LVISFormatError`` naming the field and the fix otherwise."""
     from ..lvis import LVIS_V1, LVISFormatError, check_lvis_annotations, class_image_counts
 
     files = []
@@ -127,29 +122,17 @@ def check_lvis_data(cfg: Config, loaders) -> None:
                 files.append((f"{where}.ann_file", evaluator["ann_file"]))
     for where, path in files:
         check_lvis_annotations(path, f"{where}:")
-    for where, loss in _federated_losses(cfg.get("model"), "model") if "train_dataloader" in loaders else ():
+    for where, loss in openmmlab_tools.config_dicts(cfg.get("model"), "model") if "train_dataloader" in loaders else ():
+        if loss.get("type") != "FederatedSigmoidCELoss":
+            continue
         try:
             class_image_counts(loss.get("image_counts", LVIS_V1), loss.get("num_classes", 1203))
         except LVISFormatError as e:
             raise LVISFormatError(f"{where}.image_counts: {e}") from None
 
 
-def _federated_losses(node, where):
-    """(config path, loss config) of each FederatedSigmoidCELoss in a model config (a cascade: one
-    per stage, ``model.roi_head.bbox_head.I.loss_cls``)."""
-    if isinstance(node, dict):
-        if node.get("type") == "FederatedSigmoidCELoss":
-            yield where, node
-        for key, value in node.items():
-            yield from _federated_losses(value, f"{where}.{key}")
-    elif isinstance(node, (list, tuple)):
-        for i, value in enumerate(node):
-            yield from _federated_losses(value, f"{where}.{i}")
-
-
 def _evaluators(evaluator, name):
-    """(config path, metric dict) of each metric of an evaluator config: one dict, or a list of
-    them (mmdet's test.py --out appends DumpDetResults to the config's)."""
+    """(config path, metric dict) of each metric of an evaluator config (one dict or a list)."""
     if isinstance(evaluator, dict):
         yield name, evaluator
     elif isinstance(evaluator, (list, tuple)):

@@ -4,8 +4,7 @@ from . import tools
 
 
 class MMSegAdapter(OpenMMLabAdapter):
-    """mmseg configs, ``MMSegInferencer`` (drawn by ``SegLocalVisualizer``), UPerNet counted in
-    the paper's convention (the pruned backbone units added back)."""
+    """mmseg configs, ``MMSegInferencer``, UPerNet counted in the paper's convention."""
 
     tools = tools
     checkpoint_hint = "give the iter_N.pth that tools/train_seg.py wrote with this config and the same options"

@@ -1,7 +1,5 @@
-"""mmseg's side of tools/train_seg.py and tools/test_seg.py (``openmmlab.entry``): what mmseg's
-own scripts do beyond mmengine's (``SCRIPT_OPTIONS``), your own image and label-map folders
-(mmseg's ``BaseSegDataset``: ``img_suffix``, ``seg_map_suffix``, ``reduce_zero_label``,
-``metainfo``), and what a missing ADE20K looks like."""
+"""mmseg's side of tools/train_seg.py and tools/test_seg.py (``openmmlab.entry``): mmseg's own script
+options, your own image and label-map folders, and what a missing ADE20K looks like."""
 import collections
 import os
 
@@ -18,9 +16,7 @@ SIZED_FROM_DATA = "or train with --seg-train / --seg-val / --classes, which size
 
 
 class MMSegScriptOptions(ScriptOptions):
-    """mmseg's tools/train.py and test.py: ``--resume`` a flag (the work dir's latest checkpoint),
-    ``--tta`` (the config's ``tta_model`` and ``tta_pipeline``), ``--out`` a folder of the
-    predicted maps, ``--show-dir`` a folder of painted images."""
+    """mmseg's tools/train.py and test.py: ``--resume`` a flag, ``--tta``, ``--out`` a folder of maps."""
 
     train_description = "Train a segmentor"
     test_description = "MMSeg test (and eval) a model"
@@ -65,9 +61,11 @@ def load_config(args) -> Config:
 
 
 def read_class_file(path: str):
-    """(class names, palette or None) of a class file: a line ``NAME [R G B]`` per class, blank
-    lines and ``#`` comments skipped; the palette when every line has a colour. An ``InputError``
-    names a line that is none, or a file without classes."""
+    """(class names, palette or None) of a class file: a line ``NAME [R G B]`` per class, ``#`` comments.
+
+    Raises:
+        InputError: a line that is none, or a file without classes.
+    """
     names, palette = [], []
     with open(path) as f:
         for number, line in enumerate(f, 1):
@@ -87,31 +85,20 @@ def read_class_file(path: str):
 
 
 def _suffix(folder: str) -> str:
-    """The most common file extension in ``folder`` (the dataset's ``img_suffix``); an
-    ``InputError`` when it holds no file."""
+    """The most common file extension in ``folder``; an ``InputError`` when it holds no file."""
     counts = collections.Counter(os.path.splitext(name)[1] for _, _, files in os.walk(folder) for name in files)
     if not counts:
         raise InputError(f"{folder} holds no files: pass the folder of the split's images")
     return counts.most_common(1)[0][0]
 
 
-def _set_reduce_zero_label(node, value: bool) -> None:
-    if isinstance(node, dict):
-        if node.get("type") == "LoadAnnotations":
-            node["reduce_zero_label"] = value
-        for child in node.values():
-            _set_reduce_zero_label(child, value)
-    elif isinstance(node, (list, tuple)):
-        for child in node:
-            _set_reduce_zero_label(child, value)
-
-
 def use_seg_folders(cfg: Config, train, val=None, class_file=None, reduce_zero_label=False) -> None:
-    """``cfg`` on your own folders, in place: ``train`` / ``val`` = (image folder, label folder),
-    read by mmseg's ``BaseSegDataset`` with the images' suffix, ``.png`` label maps,
-    ``reduce_zero_label`` (in the datasets and every ``LoadAnnotations``), ``metainfo`` from the
-    class file; the heads' ``num_classes`` is the number of classes. A ``ConfigError`` when the
-    options do not go together."""
+    """``cfg`` on your own folders, in place: ``train`` / ``val`` = (image folder, label folder) read by
+    ``BaseSegDataset``, ``metainfo`` and the heads' ``num_classes`` from the class file.
+
+    Raises:
+        ConfigError: options that do not go together.
+    """
     if not train:
         if val or class_file:
             raise ConfigError("--seg-val and --classes go with --seg-train (the folders to train on)")
@@ -127,13 +114,14 @@ def use_seg_folders(cfg: Config, train, val=None, class_file=None, reduce_zero_l
             dataset.update(type="BaseSegDataset", data_root="", ann_file="", metainfo=metainfo,
                            data_prefix=dict(img_path=os.path.abspath(images), seg_map_path=os.path.abspath(labels)),
                            img_suffix=_suffix(images), seg_map_suffix=".png", reduce_zero_label=reduce_zero_label)
-    _set_reduce_zero_label(cfg._cfg_dict, reduce_zero_label)
+    for _, transform in openmmlab_tools.config_dicts(cfg._cfg_dict):
+        if transform.get("type") == "LoadAnnotations":
+            transform["reduce_zero_label"] = reduce_zero_label
     openmmlab_data_check.set_num_classes(cfg.model, len(classes))
 
 
 def check_data(cfg: Config, loaders, read_files: bool = False) -> None:
-    """The datasets' paths, class counts and, with ``read_files``, every image header and label
-    map (``srvit_backbones.data_check``)."""
+    """The datasets' paths, class counts and, with ``read_files``, every image and label map."""
     openmmlab_tools.check_data(cfg, loaders, _missing_data_message)
     from mmseg.registry import DATASETS
 

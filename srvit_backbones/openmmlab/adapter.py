@@ -1,5 +1,4 @@
-"""What the mmdet and mmseg rows of the framework table (``srvit_backbones.frameworks``)
-share: mmengine configs with ``--cfg-options``-style overrides, and the training tools' data check."""
+"""What the mmdet and mmseg rows of the framework table (``srvit_backbones.frameworks``) share."""
 import argparse
 
 from ..frameworks import FrameworkAdapter

@@ -1,16 +1,7 @@
-"""Let torch >= 2.6 (``weights_only=True`` by default) load mmengine's own checkpoints.
-
-mmengine saves its ``MessageHub`` (``HistoryBuffer`` objects holding numpy arrays) in every
-checkpoint and loads them with a plain ``torch.load``, so ``--resume``, ``load_from`` and
-``tools/test.py`` fail with "Weights only load failed". Instead of turning the safety check
-off, the few types those checkpoints contain are allow-listed. HistoryBuffer's statistics
-methods are pickled as ``getattr(HistoryBuffer, 'min')``: instead of allowing ``getattr``
-itself, the pickle's ``getattr`` is mapped to a function that only resolves those methods.
-
-Registered on import, and declared in setup.py as the ``mmengine`` entry of
-``srvit_backbones.checkpoint_types``: ``checkpoint.read_checkpoint`` runs it when torch refuses an
-mmengine type, so any tool reads an mmseg / mmdet ``iter_N.pth`` without importing the adapter.
-"""
+"""Let ``torch.load(weights_only=True)`` read mmengine's checkpoints (their ``MessageHub`` holds
+``HistoryBuffer``s of numpy arrays) by allow-listing those few types, its ``getattr`` limited to
+HistoryBuffer's methods. Registered on import, and as setup.py's ``mmengine`` entry point of
+``srvit_backbones.checkpoint_types`` (``checkpoint.read_checkpoint`` runs it when torch refuses a type)."""
 import pickle
 
 import numpy as np

@@ -1,13 +1,6 @@
-"""mmdet's and mmseg's own ``tools/train.py`` and ``tools/test.py``, written once:
-tools/train_det.py, train_seg.py, test_det.py and test_seg.py each call this module with their
-framework's name. What they share: the command line of mmengine's scripts (the config by path
-or shipped name, ``--work-dir``, ``--amp``, ``--cfg-options``, ``--launcher``, your own data's
-options), the Runner built with it applied, the datasets checked before anything is built,
-``load_from`` checked as a fine-tuning start (``fine_tune.check_load_from``), and the run's
-fault handling (built as ``runner.SRViTRunner``, which applies ``tools.prepare_training``: the
-fault hooks, the collective timeout, ``--launcher pytorch`` on machines without a GPU). What a framework's own scripts do
-differently is its ``tools`` module's ``SCRIPT_OPTIONS`` (a ``ScriptOptions``), found through
-the framework table (``srvit_backbones.frameworks.adapter(name).tools``)."""
+"""mmdet's and mmseg's own ``tools/train.py`` and ``tools/test.py``, written once for tools/train_det.py,
+train_seg.py, test_det.py and test_seg.py; what a framework's scripts do differently is its ``tools``
+module's ``SCRIPT_OPTIONS`` (a ``ScriptOptions``)."""
 import argparse
 import os.path as osp
 
@@ -23,19 +16,15 @@ from .tools import apply_amp, check_compile, prepare_training
 
 
 class ScriptOptions:
-    """What a framework's own tools/train.py and tools/test.py add to the options and steps
-    above, as data (the parsers' texts) and hooks; the defaults add and do nothing."""
+    """What a framework's own tools/train.py and test.py add, as parser texts and hooks; the defaults add nothing."""
 
-    #: the first line of the training and the test tool's ``--help``
     train_description = "Train a model"
     test_description = "Test (and eval) a model"
-    #: what the test tool's ``--out`` and ``--show-dir`` write in this framework
     out_help = "where the predictions are saved"
     show_dir_help = "directory where painted images will be saved"
 
     def add_train_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """The training options after ``--work-dir``: ``--amp`` (``add_amp_argument``) and how
-        to resume, in the order of the framework's own script."""
+        """The training options after ``--work-dir``, in the order of the framework's script."""
         add_amp_argument(parser)
 
     def apply_train_arguments(self, cfg: Config, args: argparse.Namespace) -> None:
@@ -48,8 +37,7 @@ class ScriptOptions:
         """Refuse test options that cannot work, before the config is read."""
 
     def apply_test_arguments(self, cfg: Config, args: argparse.Namespace) -> None:
-        """``--out``, ``--show-dir`` and the framework's own test options applied to the
-        config, after the data check (whose messages name the config's own evaluators)."""
+        """The test options applied to the config, after the data check."""
 
 
 def add_amp_argument(parser: argparse.ArgumentParser) -> None:
@@ -67,8 +55,7 @@ def _add_local_rank(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_train_args(framework: str, argv=None) -> argparse.Namespace:
-    """The training tool's command line: mmengine's ``tools/train.py`` arguments, the framework's
-    own (``ScriptOptions.add_train_arguments``) and your own data's (``tools.add_data_arguments``)."""
+    """The training tool's command line: mmengine's ``tools/train.py`` arguments, the framework's, your data's."""
     tools = adapter(framework).tools
     parser = argparse.ArgumentParser(description=tools.SCRIPT_OPTIONS.train_description)
     parser.add_argument("config", help="train config file path (or the name of a shipped config)")
@@ -81,9 +68,8 @@ def parse_train_args(framework: str, argv=None) -> argparse.Namespace:
 
 
 def build_train_runner(framework: str, argv=None) -> Runner:
-    """The Runner the training tool trains: the config with the command line applied (``--amp``,
-    the framework's options such as ``--resume``), mmengine's compile refused where it cannot
-    work, every file of the data checked, the fault handling added, ``load_from`` checked."""
+    """The Runner the training tool trains: the config with the command line applied, mmengine's compile
+    refused where it cannot work, the data checked, the fault handling added, ``load_from`` checked."""
     tools = adapter(framework).tools
     args = parse_train_args(framework, argv)
     cfg = tools.load_config(args)
@@ -97,9 +83,8 @@ def build_train_runner(framework: str, argv=None) -> Runner:
 
 
 def build_runner(cfg: Config) -> Runner:
-    """The config's runner as mmseg's and mmdet's own scripts build it: ``SRViTRunner`` (the
-    shipped configs' ``runner_type``, and the default), or the one a config names (mmengine's
-    ``FlexibleRunner``...) from mmengine's registry, with the same fault handling applied first."""
+    """The config's runner as mmseg's and mmdet's scripts build it (``SRViTRunner`` by default, or the
+    one ``runner_type`` names), ``prepare_training`` applied."""
     if cfg.get("runner_type", "SRViTRunner") == "SRViTRunner":
         return SRViTRunner.from_cfg(cfg)  # applies prepare_training
     prepare_training(cfg)
@@ -111,8 +96,7 @@ def run_train(framework: str, argv=None) -> None:
 
 
 def parse_test_args(framework: str, argv=None) -> argparse.Namespace:
-    """The test tool's command line: mmengine's ``tools/test.py`` arguments with the framework's
-    meaning of ``--out`` and ``--show-dir`` and its own options."""
+    """The test tool's command line: mmengine's ``tools/test.py`` arguments and the framework's."""
     options = adapter(framework).tools.SCRIPT_OPTIONS
     parser = argparse.ArgumentParser(description=options.test_description)
     parser.add_argument("config", help="test config file path (or the name of a shipped config)")
@@ -127,9 +111,8 @@ def parse_test_args(framework: str, argv=None) -> argparse.Namespace:
 
 
 def build_test_runner(framework: str, argv=None) -> Runner:
-    """The Runner the test tool tests: the checkpoint's weights (``load_from``) on the config
-    with the command line applied, the test data's files checked first (a ``CheckpointError``
-    when the checkpoint file does not exist)."""
+    """The Runner the test tool tests: the checkpoint on the config, the test data checked first
+    (``CheckpointError`` when the checkpoint does not exist)."""
     tools = adapter(framework).tools
     args = parse_test_args(framework, argv)
     if not osp.isfile(args.checkpoint):

@@ -1,10 +1,6 @@
-"""``load_from`` for fine-tuning: mmengine loads a whole model's checkpoint non-strictly and only
-logs what differs, so a detector of another width trains from a half-loaded state and a file
-without the SR-ViT backbone trains from scratch. The training tools check the file against the
-built model first, as detectron2's ``SRViTCheckpointer`` does: only the layers sized by the
-number of classes may differ (they keep their initialisation: a COCO detector fine-tuned into a
-3-class one, an ADE20K segmentor into a 5-class one), the backbone must be complete unless its
-``allow_partial``."""
+"""``load_from`` checked for fine-tuning, as detectron2's ``SRViTCheckpointer`` does: mmengine loads
+non-strictly, so only the layers sized by the number of classes may differ, and the backbone must be
+complete unless ``allow_partial``."""
 import logging
 import re
 

@@ -1,14 +1,5 @@
-"""Layer-wise lr decay for SR-ViT in MMSegmentation and MMDetection, by the package's one rule.
-
-mmseg's and mmdet's own ``LearningRateDecayOptimizerConstructor`` refuse backbones other than
-ConvNeXt/BEiT/MAE; this constructor asks the backbone ``get_layer_depth(name)`` instead
-(mmpretrain's protocol), so Detectron2, MMDetection and MMSegmentation give every parameter
-the same factor. ``srvit_backbones.mmseg`` and ``srvit_backbones.mmdet`` register it:
-
-    optim_wrapper = dict(type='OptimWrapper', constructor='SRViTLayerDecayOptimizerConstructor',
-                         optimizer=dict(type='AdamW', lr=6e-5, weight_decay=0.01),
-                         paramwise_cfg=dict(layer_decay_rate=0.9, weight_decay_convention='norms'))
-"""
+"""Layer-wise lr decay for SR-ViT in MMSegmentation and MMDetection, by the package's one rule (mmseg's and
+mmdet's own constructors refuse backbones other than ConvNeXt/BEiT/MAE)."""
 from typing import List, Optional
 
 import torch.nn as nn
@@ -17,10 +8,8 @@ from mmengine.optim import DefaultOptimWrapperConstructor
 
 from ..layer_decay import weight_decay_exemptions
 
-# mmengine's own paramwise_cfg keys, honoured as DefaultOptimWrapperConstructor honours them
 MMENGINE_KEYS = ("custom_keys", "bias_lr_mult", "bias_decay_mult", "norm_decay_mult", "dwconv_decay_mult",
                  "flat_decay_mult", "dcn_offset_lr_mult", "bypass_duplicate")
-# ours, then the names mmdet's ViTDet LayerDecayOptimizerConstructor reads
 OWN_KEYS = ("layer_decay_rate", "weight_decay_convention")
 VITDET_KEYS = ("decay_rate", "decay_type", "num_layers")
 DEFAULT_LAYER_DECAY_RATE = 0.7  # ViTDet's, and detectron2's srvit_optimizer_params'
@@ -30,22 +19,17 @@ _DECAY_MULT_OF_KIND = {"norm": "norm_decay_mult", "bias": "bias_decay_mult"}
 
 
 class SRViTLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
-    """mmengine's ``DefaultOptimWrapperConstructor``, whose ``paramwise_cfg`` rules
-    (``custom_keys``, ``norm_decay_mult``, ``bias_decay_mult``, ...) give each parameter its lr
-    and weight decay, with the lr then multiplied by the parameter's layer-decay factor.
+    """mmengine's ``DefaultOptimWrapperConstructor`` whose lr is then multiplied by the layer-decay factor
+    the backbone's ``get_layer_depth`` gives (mmpretrain's protocol).
 
-    ``paramwise_cfg`` (optional: without it the defaults apply, layer decay included):
-        layer_decay_rate: factor per layer id (default 0.7; 1.0 = none). mmdet ViTDet's
-            ``decay_rate`` is the same and accepted instead, with ``decay_type='layer_wise'``
-            and ``num_layers`` equal to the backbone's unique blocks (the ids it has).
-        weight_decay_convention: which norms and biases take no weight decay
-            (``srvit_backbones.layer_decay.WEIGHT_DECAY_CONVENTIONS``; default
-            ``'norms_and_biases'``, mmdet's ViTDet), set as mmengine's ``norm_decay_mult`` /
-            ``bias_decay_mult`` = 0. The backbone's ``no_weight_decay()`` parameters take none
-            either, unless a ``custom_keys`` entry names them (custom keys override the other
-            rules, as in mmengine).
-        and mmengine's keys. Any other key is an error, and so is an optimizer without
-        ``weight_decay`` (0.0 for none): mmengine would then skip its decay rules.
+    ``paramwise_cfg`` (optional), besides mmengine's keys:
+        layer_decay_rate: factor per layer id (default 0.7; 1.0 = none); mmdet ViTDet's ``decay_rate``,
+            ``decay_type='layer_wise'`` and ``num_layers`` (the backbone's unique blocks) are accepted.
+        weight_decay_convention: ``layer_decay.WEIGHT_DECAY_CONVENTIONS`` (default ``'norms_and_biases'``),
+            set as ``norm_decay_mult`` / ``bias_decay_mult`` = 0; ``no_weight_decay()`` parameters take
+            none either, unless a ``custom_keys`` entry names them.
+    Raises:
+        ValueError: any other key, contradicting keys, or an optimizer without ``weight_decay``.
     """
 
     def __init__(self, optim_wrapper_cfg: dict, paramwise_cfg: Optional[dict] = None):
@@ -76,8 +60,7 @@ class SRViTLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
             if cfg.setdefault(key, 0.0) != 0.0:
                 raise ValueError(f"paramwise_cfg {key}={cfg[key]} contradicts weight_decay_convention={convention!r}, "
                                  f"which gives {kind}s no weight decay: remove {key} or choose another convention")
-        # Our keys stay in paramwise_cfg (mmengine ignores them): mmengine calls add_params only
-        # for a non-empty paramwise_cfg, and layer decay applies without one as well.
+        # our keys stay in paramwise_cfg: mmengine calls add_params only for a non-empty one
         super().__init__(optim_wrapper_cfg, cfg)
 
     def add_params(self, params: List[dict], module: nn.Module, prefix: str = "", **kwargs) -> None:

@@ -1,9 +1,5 @@
-"""``SRViTRunner``: mmengine's Runner built from a config made to survive faults, whichever
-script builds it. The shipped configs name it (``runner_type = 'SRViTRunner'``), so mmseg's and
-mmdet's own ``tools/train.py`` (what ``mim train`` runs, which build ``RUNNERS.build(cfg)`` when a
-config has a ``runner_type``) get what our tools/train_*.py get: the fault hooks where a config
-lacks them, the collective timeout, ``--launcher pytorch`` on machines without a GPU
-(``tools.prepare_training``), and mixed precision without a GPU refused naming the fix."""
+"""``SRViTRunner``: mmengine's Runner built from a config made to survive faults (``tools.prepare_training``),
+whichever script builds it: the shipped configs name it (``runner_type``), so ``mim train`` gets it too."""
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
@@ -21,12 +17,10 @@ class SRViTRunner(Runner):
         return super().from_cfg(cfg)
 
     def train(self):
-        """mmengine's ``train``, after refusing mmengine's ``AmpOptimWrapper`` on a run without a
-        GPU (``tools.amp_without_gpu``), which mmengine's asserts as ``train`` builds it, without
-        naming the fix.
+        """mmengine's ``train``.
 
         Raises:
-            ConfigError: naming the fix, fp32 (``optim_wrapper.type=OptimWrapper``).
+            ConfigError: mmengine's ``AmpOptimWrapper`` without a GPU, naming the fix (fp32).
         """
         why = amp_without_gpu(self.optim_wrapper) if isinstance(self.optim_wrapper, dict) else None
         if why:

@@ -1,7 +1,5 @@
-"""What tools/train_seg.py, test_seg.py, train_det.py and test_det.py share: the config with
-the command line applied (as mmseg's and mmdet's own tools/train.py and tools/test.py do), a
-check of the dataset's files before the Runner is built, and a training run's fault handling
-(the fault hooks, the collective timeout, ``--launcher pytorch`` on a machine without a GPU)."""
+"""What tools/train_seg.py, test_seg.py, train_det.py and test_det.py share: the config with the command
+line applied, a check of the datasets' files before the Runner is built, and a run's fault handling."""
 import logging
 import os
 import os.path as osp
@@ -26,17 +24,15 @@ AMP_DEVICES = ("cuda", "npu", "mlu", "musa")
 
 
 def optim_wrapper_class(optim_wrapper):
-    """The class an ``optim_wrapper`` config's ``type`` names (a name, scoped as
-    ``'mmdet.AmpOptimWrapper'`` or not, or the class), or None where no registry knows it."""
+    """The class an ``optim_wrapper`` config's ``type`` names, or None where no registry knows it."""
     kind = optim_wrapper.get("type", "OptimWrapper")
     kind = OPTIM_WRAPPERS.get(kind) if isinstance(kind, str) else kind
     return kind if isinstance(kind, type) else None
 
 
 def amp_without_gpu(optim_wrapper) -> Optional[str]:
-    """Why an ``optim_wrapper`` config cannot train on this run's device: mmengine's
-    ``AmpOptimWrapper`` (by any name; a config's own subclass is left to itself) without a GPU,
-    where mmengine's asserts one without naming the fix (which the caller adds); else None."""
+    """Why an ``optim_wrapper`` config cannot train here: mmengine's ``AmpOptimWrapper`` without a GPU (which
+    mmengine asserts without naming the fix); else None."""
     device = get_device()
     if optim_wrapper_class(optim_wrapper) is not AmpOptimWrapper or device in AMP_DEVICES:
         return None
@@ -44,11 +40,11 @@ def amp_without_gpu(optim_wrapper) -> Optional[str]:
 
 
 def apply_amp(cfg: Config, requested: bool) -> None:
-    """``--amp``: train with ``AmpOptimWrapper`` and a dynamic loss scale, as mmseg's and mmdet's
-    own tools/train.py do, where the config does not train in mixed precision already (its own
-    loss scale kept). Mixed precision on a run without a GPU, asked by ``--amp`` or by the
-    config, is refused before anything is built (``amp_without_gpu``), naming the fix in the
-    terms of what asked for it."""
+    """``--amp``: ``AmpOptimWrapper`` with a dynamic loss scale, as mmseg's and mmdet's tools/train.py do.
+
+    Raises:
+        ConfigError: mixed precision (asked by ``--amp`` or the config) without a GPU, naming the fix.
+    """
     kind = optim_wrapper_class(cfg.optim_wrapper)
     switched = requested and not (kind and issubclass(kind, AmpOptimWrapper))  # --amp made it AmpOptimWrapper
     if switched:
@@ -62,11 +58,8 @@ def apply_amp(cfg: Config, requested: bool) -> None:
 
 
 def check_compile(cfg: Config) -> None:
-    """Refuse mmengine's own ``compile`` (the Runner compiles the whole ``train_step``) where it
-    cannot work, naming the backbone's switch: with a ``paramwise_cfg`` (every shipped config's,
-    for layer decay) mmengine builds the optimizer's parameter groups as ``ConfigDict``s, and
-    torch 2.14's dynamo stops in ``AdamW.step`` on them (``InternalTorchDynamoError``), after the
-    whole first step has compiled (a ``ConfigError``)."""
+    """Refuse mmengine's whole-model ``compile`` with a ``paramwise_cfg`` (dynamo fails on mmengine's
+    ``ConfigDict`` parameter groups): a ``ConfigError`` naming the backbone's ``compile`` instead."""
     if cfg.get("compile") and cfg.optim_wrapper.get("paramwise_cfg") is not None:
         raise ConfigError(f"compile={cfg.compile!r} is mmengine's whole-model compile (the Runner's train_step, "
                           "optimizer step included), which fails with this config's optim_wrapper.paramwise_cfg "
@@ -76,9 +69,8 @@ def check_compile(cfg: Config) -> None:
 
 
 def load_config(args, framework: str, custom_data: Optional[Callable[[Config], None]] = None) -> Config:
-    """The config with ``--launcher``, ``--cfg-options`` and ``--work-dir`` applied;
-    ``custom_data`` (the tool's options for your own dataset) edits it before ``--cfg-options``;
-    a ``ConfigError`` when the config is not found."""
+    """The config with ``custom_data`` (your own dataset), then ``--cfg-options``, ``--launcher`` and
+    ``--work-dir`` applied; a ``ConfigError`` when it is not found."""
     if "LOCAL_RANK" not in os.environ:
         os.environ["LOCAL_RANK"] = str(args.local_rank)
     try:
@@ -99,12 +91,8 @@ def load_config(args, framework: str, custom_data: Optional[Callable[[Config], N
 
 
 def prepare_training(cfg: Config) -> None:
-    """A run's config (``SRViTRunner`` applies it to training and test runs alike) made to
-    survive faults, and its process group started where mmengine cannot: the checkpoint hook
-    made ``SRViTCheckpointHook`` (written whole or not at all), the fp32 ``OptimWrapper``'s
-    mixed-precision keys dropped (``prepare_optim_wrapper``), ``DivergenceCheckHook`` added where a
-    config (a user's own) lacks it, the collective timeout ``faults.COLLECTIVE_TIMEOUT_S`` where
-    ``env_cfg.dist_cfg`` sets none, and ``init_cpu_distributed``."""
+    """A run's config made to survive faults (docs/faults.md): ``SRViTCheckpointHook``,
+    ``prepare_optim_wrapper``, ``DivergenceCheckHook``, the collective timeout, ``init_cpu_distributed``."""
     checkpoint = (cfg.get("default_hooks") or {}).get("checkpoint")
     if checkpoint and checkpoint.get("type") == "CheckpointHook":
         checkpoint["type"] = "SRViTCheckpointHook"
@@ -119,10 +107,8 @@ def prepare_training(cfg: Config) -> None:
 
 
 def prepare_optim_wrapper(cfg: Config) -> None:
-    """mmengine's plain ``OptimWrapper`` (fp32, the fix the messages name: ``--cfg-options
-    optim_wrapper.type=OptimWrapper``, which cannot delete keys) made to drop the keys only mixed
-    precision takes, with a warning naming them, where it would fail on them (``unexpected
-    keyword argument``)."""
+    """mmengine's fp32 ``OptimWrapper`` made to drop, with a warning, the keys only mixed precision
+    takes (on which it would fail)."""
     optim_wrapper = cfg.get("optim_wrapper")
     if not optim_wrapper or optim_wrapper_class(optim_wrapper) is not OptimWrapper:
         return
@@ -136,11 +122,8 @@ def prepare_optim_wrapper(cfg: Config) -> None:
 
 
 def init_cpu_distributed(cfg: Config) -> None:
-    """``--launcher pytorch`` (torchrun, one machine or many) on machines without a GPU:
-    mmengine's ``init_dist`` calls ``torch.cuda.set_device`` and fails there, and its DDP wrapper
-    passes a GPU index as ``device_ids``. Here the gloo process group is started before the
-    Runner (which then uses it) and DDP wraps the CPU model without ``device_ids``. A
-    ``ConfigError`` for another launcher, or a backend other than gloo, there."""
+    """``--launcher pytorch`` without a GPU (mmengine's ``init_dist`` needs CUDA): the gloo process group
+    started before the Runner, DDP without ``device_ids``; a ``ConfigError`` for other launchers or backends."""
     if cfg.launcher == "none" or torch.cuda.is_available():
         return
     dist_cfg = (cfg.get("env_cfg") or {}).get("dist_cfg") or {}
@@ -161,8 +144,7 @@ def init_cpu_distributed(cfg: Config) -> None:
 
 
 def datasets(dataset, where):
-    """(config path, dataset dict) of a dataset config and of those inside its wrappers
-    (ConcatDataset's ``datasets``, RepeatDataset's ``dataset``...)."""
+    """(config path, dataset dict) of a dataset config and of those inside its wrappers."""
     if not isinstance(dataset, dict):
         return
     yield where, dataset
@@ -172,8 +154,7 @@ def datasets(dataset, where):
 
 
 def dataset_files(dataset):
-    """(key, path, is_folder) of every file a dataset config names: its ``data_prefix``
-    folders and its ``ann_file``, below ``data_root``."""
+    """(key, path, is_folder) of every file a dataset config names, below ``data_root``."""
     root = dataset.get("data_root") or ""
     for key, folder in (dataset.get("data_prefix") or {}).items():
         if isinstance(folder, str):
@@ -183,9 +164,8 @@ def dataset_files(dataset):
 
 
 def check_data(cfg: Config, loaders: Iterable[str], explain: Callable[[Config, str, dict, str, str], str]) -> None:
-    """A ``DataCheckError`` saying ``explain(cfg, where, dataset, key, path)`` (the missing path,
-    the expected layout and the fixes) before the Runner is built: without this, mmseg and mmdet
-    end in a bare FileNotFoundError deep inside their datasets."""
+    """Before the Runner is built (mmseg and mmdet end in a bare FileNotFoundError otherwise): a
+    ``DataCheckError`` saying ``explain(cfg, where, dataset, key, path)`` for a missing path."""
     for loader in loaders:
         if not cfg.get(loader):
             continue
@@ -206,21 +186,26 @@ def expected_layout(cfg: Config) -> str:
 
 
 def missing_path(where: str, dataset: dict, key: str, path: str) -> str:
-    """The first line of every missing-data message: what does not exist and where it came from."""
+    """The first line of every missing-data message."""
     cwd = "" if os.path.isabs(path) else f", relative to the current directory {os.getcwd()!r}"
     named = dataset["ann_file"] if key == "ann_file" else dataset["data_prefix"][key.split(".", 1)[1]]
     return (f"{dataset.get('type', 'dataset')} data not found: {path!r} does not exist "
             f"({where}.data_root={dataset.get('data_root') or ''!r} + {key}={named!r}{cwd}).")
 
 
-def sync_bn_to_bn(node) -> None:
-    """Every ``SyncBN`` of a config node made ``BN``, in place: SyncBN needs CUDA and a process
-    group, so a CPU run (a check, a test) takes mmseg's plain BN, as mmseg asks of CPU runs."""
+def config_dicts(node, where: str = ""):
+    """(config path, dict) of every dict in a config tree, ``node`` first."""
     if isinstance(node, dict):
-        if node.get("type") == "SyncBN":
-            node["type"] = "BN"
-        for value in node.values():
-            sync_bn_to_bn(value)
+        yield where, node
+        for key, value in node.items():
+            yield from config_dicts(value, f"{where}.{key}")
     elif isinstance(node, (list, tuple)):
-        for value in node:
-            sync_bn_to_bn(value)
+        for i, value in enumerate(node):
+            yield from config_dicts(value, f"{where}.{i}")
+
+
+def sync_bn_to_bn(node) -> None:
+    """Every ``SyncBN`` of a config node made ``BN``, in place (SyncBN needs CUDA and a process group)."""
+    for _, module in config_dicts(node):
+        if module.get("type") == "SyncBN":
+            module["type"] = "BN"

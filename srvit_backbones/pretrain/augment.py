@@ -1,14 +1,5 @@
-"""A posterize for timm's RandAugment that accepts every bit count its level functions produce.
-
-timm's ``PosterizeIncreasing`` (our default ``rand-m9-mstd0.5-inc1``) asks for 0 bits when the
-sampled magnitude reaches 10, and ``Posterize`` does at magnitudes below 2.5; Pillow >= 13's
-``ImageOps.posterize`` rejects 0 bits with ``ValueError``, which would kill a data-loader worker
-a few times per thousand images. Older Pillow kept 0 bits, i.e. masked every value to 0; this op
-does the same and leaves every other bit count to timm's own posterize (Pillow for 1..7,
-unchanged for >= 8). ``guarded_posterize()`` puts it into timm's name->op table, which
-``AugmentOp`` reads when a transform is built, while our loaders build theirs
-(``engine.build_loaders``); timm's table is as it was after, for anyone else's transforms.
-"""
+"""A posterize for timm's RandAugment that accepts 0 bits (Pillow >= 13 rejects them; older Pillow
+masked every value to 0, as this does), put into timm's op table while our loaders build theirs."""
 import contextlib
 
 from PIL import Image

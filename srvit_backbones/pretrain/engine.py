@@ -1,7 +1,5 @@
-"""Pieces of the ImageNet loop driven by tools/pretrain.py: data, distillation loss, one
-epoch of training, evaluation and checkpoints. Everything that timm already does well
-(transforms, Mixup/CutMix, repeated-augmentation sampler, optimizer and scheduler
-factories, losses, EMA, accuracy) is timm's."""
+"""Pieces of the ImageNet loop driven by tools/pretrain.py: data, distillation loss, one epoch of
+training, evaluation and checkpoints; everything timm already does well is timm's."""
 import logging
 import math
 import os
@@ -42,17 +40,8 @@ def check_image_folder(root: str, split: str) -> str:
     return path
 
 
-def mixup_args(args, num_classes):
-    if args.mixup <= 0 and args.cutmix <= 0:
-        return None
-    return dict(mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, label_smoothing=args.smoothing,
-                num_classes=num_classes)
-
-
 def build_datasets(args):
-    """timm's ImageFolder datasets and the class count of their ``class_to_idx``: a class is a
-    folder with images (timm's reader), so an empty or image-less folder is not one; an
-    ``InputError`` when train/ and val/ differ in their classes."""
+    """timm's ImageFolder datasets and their class count (``InputError`` when train/ and val/ differ)."""
     train_set = create_dataset("", root=check_image_folder(args.data, "train"), is_training=True)
     val_set = create_dataset("", root=check_image_folder(args.data, "val"), is_training=False)
     train_classes, val_classes = train_set.reader.class_to_idx, val_set.reader.class_to_idx
@@ -65,12 +54,8 @@ def build_datasets(args):
 
 
 def build_loaders(args, model, train_set, val_set, num_classes: int, distributed: bool):
-    """ImageFolder train/val loaders with timm's transforms (RandAugment, random erasing,
-    bicubic, eval crop ratio), sampler and, on the GPU, its prefetcher.
-
-    Workers are not persistent: each epoch starts new ones, seeded from torch's RNG, which
-    ``seed_epoch`` resets per epoch, so their augmentation does not depend on earlier epochs
-    (persistent workers would carry their RNG state over, and a resumed run could not)."""
+    """Train/val loaders with timm's transforms, sampler and, on the GPU, its prefetcher. Workers are not
+    persistent: seeded per epoch by ``seed_epoch``, a resumed run repeats their augmentation."""
     data_cfg = resolve_data_config(dict(input_size=(3, args.input_size, args.input_size),
                                         crop_pct=args.crop_pct, interpolation="bicubic"), model=model)
     world = dist.get_world_size() if distributed else 1
@@ -81,9 +66,10 @@ def build_loaders(args, model, train_set, val_set, num_classes: int, distributed
     if args.aug_repeats and not distributed:
         logger.warning("repeated augmentation (--aug-repeats %d) needs a distributed run (timm's RepeatAugSampler); "
                        "this single-process run uses 0. Launch with torchrun to enable it.", args.aug_repeats)
-    margs = mixup_args(args, num_classes)
     collate_fn, mixup_fn = None, None
-    if margs is not None:
+    if args.mixup > 0 or args.cutmix > 0:
+        margs = dict(mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, label_smoothing=args.smoothing,
+                     num_classes=num_classes)
         if use_prefetcher:
             collate_fn = FastCollateMixup(**margs)
         else:
@@ -119,10 +105,7 @@ class HardDistillationLoss(nn.Module):
 
 
 def seed_epoch(seed: int, epoch: int, rank: int = 0) -> None:
-    """Reseed torch (all devices), numpy and Python's ``random`` from (seed, epoch, rank) at the
-    start of an epoch. Everything random in an epoch draws from these: a single process's
-    sampler order (distributed samplers shuffle by ``set_epoch``), the loader workers' seeds
-    (hence RandAugment and random erasing), Mixup/CutMix (numpy) and drop-path (torch), so a
+    """Reseed torch, numpy and ``random`` from (seed, epoch, rank) at the start of an epoch, so that a
     resumed run repeats the epochs of an uninterrupted one."""
     s = int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
     torch.manual_seed(s)
@@ -131,36 +114,25 @@ def seed_epoch(seed: int, epoch: int, rank: int = 0) -> None:
 
 
 def precision(args) -> Optional[torch.dtype]:
-    """The autocast dtype of ``--amp`` on ``--device`` (``srvit_backbones.amp``'s rule, the
-    one every tool uses), or a ``ConfigError`` that names the fix."""
+    """The autocast dtype of ``--amp`` on ``--device`` (``srvit_backbones.amp``), or a ``ConfigError``."""
     try:
         return amp.resolve_precision(args.device, args.amp)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
 
-def autocast(args, dtype: Optional[torch.dtype]):
-    """``--amp``'s autocast region, for the dtype ``precision`` resolved once per loop."""
-    return amp.autocast(args.device, dtype is not None, dtype)
-
-
-#: Iterations between two reads of the loss on the host, where a non-finite loss stops the run.
-#: A read waits for its step to finish on the GPU, which then idles while the host launches the
-#: next step's first kernels: DeiT's loop reads every step (``loss.item()``), timm's only for its
-#: log line (a diverged run goes on for up to ``--log-interval`` steps). Every 4 steps, a quarter
-#: of DeiT's idle gaps; the losses of the interval stay on the device and are read together, so
-#: a diverged run stops at most 3 steps after its first non-finite loss and names that step.
-#: (Under fp16 the GradScaler reads its inf check every step anyway.)
+#: steps between two reads of the loss on the host (each read is a device sync; docs/faults.md)
 LOSS_CHECK_INTERVAL = 4
 
 
 def train_one_epoch(epoch, model, loader, optimizer, criterion, scheduler, args, loss_scaler=None,
                     mixup_fn=None, model_ema=None, distill=False, state=None):
-    """One epoch of ``loader``; stops (``faults.Diverged``) at a non-finite loss, read every
-    ``LOSS_CHECK_INTERVAL`` steps and at each log line, or after more than
-    ``faults.MAX_CONSECUTIVE_SKIPPED_STEPS`` steps skipped in a row by an fp16 ``loss_scaler``.
-    Returns the last step's loss. Autocast runs in the dtype of ``--amp`` on ``--device``
-    (``precision``; None: fp32)."""
+    """One epoch of ``loader``; returns the last step's loss.
+
+    Raises:
+        faults.Diverged: a non-finite loss (read every ``LOSS_CHECK_INTERVAL`` steps and at each log line),
+            or too many fp16 steps skipped in a row.
+    """
     model.train()
     device = torch.device(args.device)
     n_iters = len(loader) if not args.max_iters_per_epoch else min(len(loader), args.max_iters_per_epoch)
@@ -176,7 +148,7 @@ def train_one_epoch(epoch, model, loader, optimizer, criterion, scheduler, args,
         images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
         if mixup_fn is not None:
             images, targets = mixup_fn(images, targets)
-        with autocast(args, dtype):
+        with amp.autocast(args.device, dtype is not None, dtype):
             outputs = model(images)
             loss = criterion(images, outputs, targets) if distill else criterion(outputs, targets)
         optimizer.zero_grad(set_to_none=True)
@@ -212,8 +184,8 @@ def train_one_epoch(epoch, model, loader, optimizer, criterion, scheduler, args,
 
 
 def read_finite_losses(unread, epoch: int, args) -> List[float]:
-    """The losses of ``unread`` ((global iteration, iteration in the epoch, loss on the device)
-    per step), read in one device sync; Diverged at the first that is not finite."""
+    """The losses of ``unread`` ((global iteration, epoch iteration, loss) per step) in one device
+    sync; ``Diverged`` at the first that is not finite."""
     values = torch.stack([loss.float() for _, _, loss in unread]).tolist()
     for (iteration, index, _), value in zip(unread, values):
         if not math.isfinite(value):
@@ -222,8 +194,7 @@ def read_finite_losses(unread, epoch: int, args) -> List[float]:
 
 
 def diverged(what: str, iteration: int, args) -> str:
-    """The message that stops a diverged run: what happened, the last checkpoint (written at the
-    end of an epoch whose losses were all finite) and what to try."""
+    """The message that stops a diverged run: what happened, the last checkpoint and what to try."""
     last = os.path.join(args.output, "last.pth")
     return divergence_message(what, iteration, last if os.path.isfile(last) else None, "--resume auto",
                               DIVERGENCE_FIXES)
@@ -243,7 +214,7 @@ def evaluate(model, loader, args, max_iters: Optional[int] = None):
         if max_iters and i >= max_iters:
             break
         images, targets = images.to(device), targets.to(device)
-        with autocast(args, dtype):
+        with amp.autocast(args.device, dtype is not None, dtype):
             output = model(images)
         k = min(5, output.shape[1])
         acc1, acc5 = accuracy(output.float(), targets, topk=(1, k))
@@ -259,8 +230,7 @@ def evaluate(model, loader, args, max_iters: Optional[int] = None):
 
 def save_checkpoint(path, model, optimizer, scheduler, loss_scaler, epoch, best_top1, args, model_ema=None,
                     global_iter=0):
-    """Tensors and plain containers only: loads under torch's weights_only=True. Non-finite
-    weights are not saved (``faults.refuse_non_finite_weights``): the run stops instead."""
+    """A checkpoint that loads under ``weights_only=True``; non-finite weights stop the run instead."""
     refuse_non_finite_weights(unwrap(model).state_dict(), global_iter,
                               path if os.path.isfile(path) else None, "--resume auto", DIVERGENCE_FIXES)
     ckpt = {

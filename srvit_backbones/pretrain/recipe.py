@@ -2,6 +2,8 @@
 import argparse
 from typing import Optional, Sequence, Set
 
+import torch
+
 from srvit_backbones.amp import PRECISIONS
 from srvit_backbones.errors import ConfigError
 from srvit_backbones.models import variant_args
@@ -15,10 +17,6 @@ RECIPE_224 = dict(epochs=300, batch_size=1024, lr=1e-3, weight_decay=0.05, sched
 #: lr 1e-5 is the paper's for batch 512, so it is stated for lr_base_batch 512 (not 224's 1024)
 RECIPE_384 = dict(RECIPE_224, epochs=30, batch_size=512, lr=1e-5, lr_base_batch=512, min_lr=1e-6, warmup_epochs=0,
                   input_size=384, crop_pct=1.0)
-
-
-def warmup_epochs_for(num_steps: int) -> int:
-    return WARMUP_EPOCHS_BY_T.get(num_steps, 20)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,44 +65,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--log-interval", type=int, default=50, help="iterations between log lines")
     p.add_argument("--max-iters-per-epoch", type=int, default=0, help="cap (smoke tests); 0 = whole epoch")
-    p.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dry-run", action="store_true", help="print the resolved recipe and exit")
     return p
 
 
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def explicit_options(argv: Optional[Sequence[str]]) -> Set[str]:
-    """The destinations that ``argv`` sets, whatever their value (an explicit ``--batch-size 1024``
-    equals the default but counts): argparse fills a default only where the namespace has none."""
+    """The destinations ``argv`` sets, whatever their value (an explicit default counts)."""
     parser, unset = build_parser(), object()
     namespace = argparse.Namespace(**{key: unset for key in vars(parser.parse_args([]))})
     return {key for key, value in vars(parser.parse_args(argv, namespace)).items() if value is not unset}
 
 
 def resolve(args: argparse.Namespace, num_steps: int, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """Fill recipe-dependent defaults (384 fine-tuning values for the options ``argv`` does not
-    set, warmup by T) and ``effective_lr``: ``lr`` scaled linearly from ``lr_base_batch`` to
-    ``batch_size``, the peak lr that the optimizer reaches after warmup."""
+    """Fill the 384 fine-tuning values ``argv`` does not set, warmup by T, and ``effective_lr`` (``lr``
+    scaled linearly from ``lr_base_batch`` to ``batch_size``)."""
     if args.finetune_384:
         explicit = explicit_options(argv)
         for key, value in RECIPE_384.items():
             if key not in explicit:
                 setattr(args, key, value)
     if args.warmup_epochs is None:
-        args.warmup_epochs = 0 if args.finetune_384 else warmup_epochs_for(num_steps)
+        args.warmup_epochs = 0 if args.finetune_384 else WARMUP_EPOCHS_BY_T.get(num_steps, 20)
     args.effective_lr = args.lr * args.batch_size / args.lr_base_batch
     return args
 
 
 def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """The command line, parsed and resolved for the variant's T (a ``ConfigError`` for an unknown
-    ``--model``)."""
+    """The command line, parsed and resolved for the variant's T (``ConfigError`` for an unknown ``--model``)."""
     args = build_parser().parse_args(argv)
     try:
         num_steps = variant_args(args.model)["num_steps"]

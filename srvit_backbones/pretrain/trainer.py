@@ -1,6 +1,5 @@
-"""A pretraining run from resolved arguments: ``build`` assembles the datasets, model,
-optimizer, scheduler and EMA and restores a checkpoint, ``fit`` runs the epochs. Two steps so
-that the restored state can be inspected before training (tests do)."""
+"""A pretraining run from resolved arguments: ``build`` assembles it and restores a checkpoint,
+``fit`` runs the epochs (two steps, so that the restored state can be inspected)."""
 import argparse
 import json
 import logging
@@ -78,8 +77,7 @@ def resume_path(args) -> str:
 
 
 def build(args, distributed: bool) -> Run:
-    """Everything a run needs, with the state of ``--resume`` restored. The EMA is made after
-    the resumed weights are loaded, so a checkpoint without EMA starts it from those weights."""
+    """Everything a run needs, ``--resume``'s state restored (the EMA made after, from the resumed weights)."""
     device = torch.device(args.device)
     dtype = engine.precision(args)  # before any work: a precision this device cannot run is an error
     torch.manual_seed(args.seed + (dist.get_rank() if distributed else 0))
@@ -106,7 +104,7 @@ def build(args, distributed: bool) -> Run:
                                        step_on_epochs=False, updates_per_epoch=iters_per_epoch)
     loss_scaler = NativeScaler(device=device.type) if amp.needs_grad_scaler(dtype) else None
 
-    if mixup_fn is not None or (args.mixup > 0 or args.cutmix > 0):
+    if args.mixup > 0 or args.cutmix > 0:
         base_criterion = SoftTargetCrossEntropy()
     elif args.smoothing:
         base_criterion = LabelSmoothingCrossEntropy(smoothing=args.smoothing)
@@ -141,8 +139,7 @@ def build(args, distributed: bool) -> Run:
         elif ckpt is not None:
             logger.info("%s holds no EMA: the EMA starts from its weights", resume)
 
-    # DDP first, then compile the wrapped model (PyTorch's order: the compiled graph is split
-    # at DDP's buckets, so their all-reduce overlaps the backward)
+    # DDP first, then compile (PyTorch's order: DDP's all-reduce overlaps the compiled backward)
     train_model = model
     if distributed:
         train_model = torch.nn.parallel.DistributedDataParallel(
@@ -157,8 +154,8 @@ def build(args, distributed: bool) -> Run:
 
 
 def fit(run: Run) -> dict:
-    """Train from ``run.start_epoch`` to ``args.epochs``, evaluating and checkpointing every
-    epoch; return the last epoch's evaluation."""
+    """Train from ``run.start_epoch`` to ``args.epochs``, evaluating and checkpointing every epoch;
+    returns the last epoch's evaluation."""
     args = run.args
     rank = dist.get_rank() if run.distributed else 0
     logger.info("training %s (T=%d, D_eff=%d) for epochs %d..%d, lr %.2e (batch %d), warmup %d epochs",
