@@ -31,7 +31,7 @@ class FrameworkAdapter:
 
     def build_demo(self, cfg, checkpoint: str, device: str = "cpu", amp: bool = False,
                    score_threshold: float = 0.5, opacity: float = 0.5):
-        """A ``srvit_backbones.demo.Demo`` of the model ``cfg`` with the weights of ``checkpoint``,
+        """A ``srvit_backbones.analysis.demo.Demo`` of the model ``cfg`` with the weights of ``checkpoint``,
         refusing one that does not fit the model entirely."""
         raise NotImplementedError(f"{self.name} has no demo")
 

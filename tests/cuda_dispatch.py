@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
-from srvit_backbones.benchmark.launches import LaunchCounter
+from srvit_backbones.analysis.benchmark.launches import LaunchCounter
 from srvit_backbones.models.rel_pos import LOW_PRECISION
 
 BACKENDS = ("cudnn", "flash", "efficient", "math")

@@ -4,14 +4,12 @@ adds (padding copies); and, under it, what the GPU's choices of relative-positio
 fused backend in every training call, at most 40 operations per application, the windowed
 backbone's training step within 1.4x the global one's. Meta tensors: shapes only, no memory."""
 import pytest
-import timm
 import torch
 import torch.nn.functional as F
+from cuda_dispatch import CudaSDPARules, backbone_step_operations, count_cuda_launches, sdpa_backend
 
 import srvit_backbones  # noqa: F401  (registers the variants)
 from srvit_backbones.models.rel_pos import KERNELS, rel_pos_attention
-
-from cuda_dispatch import CudaSDPARules, backbone_step_operations, count_cuda_launches, sdpa_backend
 
 HALF = torch.float16
 

@@ -7,17 +7,17 @@ import numpy as np
 import pytest
 import torch
 from detectron2.config import get_cfg
+from helpers import D2_QUICKSTART, ROOT, SEG_QUICKSTART, TEST_SIZE, load_tool, run, trained_detectron2, trained_mmseg
 from PIL import Image
 from pycocotools import mask as mask_util
 
 import srvit_backbones.mmseg  # noqa: F401  (torch.load reads mmengine checkpoints)
 from srvit_backbones import create_srvit
-from srvit_backbones.amp import cpu_has_native_bf16
-from srvit_backbones.demo import say_on_image
+from srvit_backbones.analysis.demo import say_on_image
+from srvit_backbones.analysis.images import find_images
 from srvit_backbones.detectron2 import add_srvit_config
 from srvit_backbones.frameworks import adapter
-from srvit_backbones.images import find_images
-from helpers import D2_QUICKSTART, ROOT, SEG_QUICKSTART, TEST_SIZE, load_tool, run, trained_detectron2, trained_mmseg
+from srvit_backbones.training.amp import cpu_has_native_bf16
 
 LOW = 0.001  # a few-iteration detector scores low: draw (almost) everything it returns
 
@@ -220,9 +220,9 @@ def test_amp_on_the_cpu_runs_bf16(d2_run, seg_run):
 
 
 def test_amp_without_native_bf16_is_explained(d2_run, tmp_path, monkeypatch):
-    import srvit_backbones.amp
+    import srvit_backbones.training.amp
 
-    monkeypatch.setattr(srvit_backbones.amp, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(srvit_backbones.training.amp, "cpu_has_native_bf16", lambda: False)
     folder, _ = d2_val_images(d2_run)
     with pytest.raises(SystemExit, match="no native bf16.*run without --amp"):
         load_tool("demo").main([D2_QUICKSTART, "--checkpoint", str(d2_run / "out" / "model_final.pth"), "--input",
@@ -283,7 +283,7 @@ CASES = ["missing checkpoint", "not a checkpoint", "no images", "missing input",
 
 
 def test_inputs_are_found_as_each_tool_documents(tmp_path, monkeypatch):
-    """srvit_backbones.images.find_images: the demo searches folders recursively, visualize_mixture
+    """srvit_backbones.analysis.images.find_images: the demo searches folders recursively, visualize_mixture
     and merge_fidelity (recursive=False) take a folder's own images; a file named is taken as it
     is, a glob keeps the images it matches (any depth with **); sorted absolute paths, each once."""
     for name in ("b.jpg", "a.PNG", "notes.txt", "sub/c.jpeg", "sub/deeper/d.webp", "sub/e.txt"):

@@ -19,18 +19,32 @@ from detectron2.layers import ShapeSpec
 from detectron2.modeling import build_model
 from detectron2.structures import BitMasks, Instances
 from detectron2.utils.events import EventStorage
+from helpers import (
+    child_pids,
+    divergence_report,
+    file_size_limit,
+    free_port,
+    interpolated_pos_embed,
+    kill_machine_1_beside_one_machine,
+    load_tool,
+    two_gloo_processes,
+)
 from omegaconf import OmegaConf
 
 import srvit_backbones
 from srvit_backbones import CheckpointError, ConfigError, create_srvit, load_pretrained
-from srvit_backbones.detectron2 import (SRViTBackbone, SRViTCheckpointer, add_srvit_config, srvit_optimizer_params,
-                                        train_net, validate_config)
+from srvit_backbones.detectron2 import (
+    SRViTBackbone,
+    SRViTCheckpointer,
+    add_srvit_config,
+    srvit_optimizer_params,
+    train_net,
+    validate_config,
+)
 from srvit_backbones.layer_decay import lr_decay_factor
-from srvit_backbones.models.srvit import resize_pos_embed
 from srvit_backbones.models.attention import RelPosAttention
 from srvit_backbones.models.rel_pos import is_rel_pos
-from helpers import (child_pids, divergence_report, file_size_limit, free_port, interpolated_pos_embed,
-                     kill_machine_1_beside_one_machine, load_tool, two_gloo_processes)
+from srvit_backbones.models.srvit import resize_pos_embed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "detectron2_configs")
@@ -529,7 +543,8 @@ def test_an_fp16_grad_scaler_skipping_every_step_stops_the_run(coco_root, tmp_pa
     halving (1e30): every step is skipped, silently to detectron2, and the DivergenceCheck stops
     the run at the first skip past its limit (1 here: the CPU's fp16 steps take seconds; the
     default 20 is counted in test_pretrain and test_faults)."""
-    from srvit_backbones.detectron2 import faults as detectron2_faults, training
+    from srvit_backbones.detectron2 import faults as detectron2_faults
+    from srvit_backbones.detectron2 import training
 
     monkeypatch.setattr(training, "trainer_class", lambda cfg: (CPUAMPTrainer, dict(precision=torch.float16)))
     args = train_net_args(["--config", QUICKSTART, f"train.output_dir={tmp_path}", *TINY, *FEW_ROIS,
@@ -1084,6 +1099,7 @@ def test_lvis_is_its_coco_config_with_vitdets_lvis_settings(name):
     epochs at ViTDet's LVIS / COCO lr ratio and LVIS eval period; nothing else changed from the
     COCO config (cascade/X or X)."""
     from detectron2.data.samplers import RepeatFactorTrainingSampler
+
     from srvit_backbones.detectron2 import SRViTLVISEvaluator
 
     lvis = load(f"lvis/{name}")
@@ -1155,7 +1171,7 @@ def test_an_lvis_config_on_a_coco_file_is_explained(coco_root, lvis_names):
     """An LVIS config pointed at a COCO-format annotation file fails in tools/train_net.py before
     anything is built, naming the missing field and the fix (else: COCO's ids read as LVIS's, and a
     KeyError at the first evaluation)."""
-    from srvit_backbones.lvis import LVISFormatError, check_lvis_annotations
+    from srvit_backbones.data.lvis import LVISFormatError, check_lvis_annotations
 
     coco_json = str(coco_root / "data" / "coco" / "annotations" / "instances_val2017.json")
     with pytest.raises(LVISFormatError, match=r"80 of its 80 categories \('person', id 1\) lack the 'frequency' field"):
@@ -1180,10 +1196,10 @@ COMPILED_TINY = [o for o in TINY if not o.startswith(("model.backbone.net.img_si
 def _compiled_ddp_worker(rank):
     from detectron2.engine import SimpleTrainer
     from detectron2.engine.defaults import create_ddp_model
+    from helpers import assert_compiled_training_equals_eager
 
     from srvit_backbones.detectron2 import training
     from srvit_backbones.detectron2.benchmark import synthetic_detection_batch
-    from helpers import assert_compiled_training_equals_eager
 
     batch = synthetic_detection_batch(1, 96, seed=rank)  # each rank its own image
 

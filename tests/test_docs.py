@@ -1,8 +1,8 @@
 """Every command in the README and docs/ names files that exist and flags the tool accepts:
 a renamed tool, config or option shows here before a user copies a stale command."""
 import functools
-import importlib.util
 import glob
+import importlib.util
 import json
 import os
 import re
@@ -107,7 +107,7 @@ print(json.dumps({target: errors_of(target, argvs) for target, argvs in document
 
 ANALYZE_MODEL = "/tools/analyze_model.py"  # detectron2's, run from a detectron2 checkout
 MIM_TOOLS = "/.mim/tools/"  # PACKAGE/.mim/tools/...: an OpenMMLab package's own tools, as pip installs them
-FLOP_TOOL = ["python", "-m", "srvit_backbones.flops"]  # runs a framework's own tool, fused attention counted
+FLOP_TOOL = ["python", "-m", "srvit_backbones.analysis.flops"]  # runs a framework's own tool, fused attention counted
 
 
 def is_framework_tool(tool):
@@ -117,7 +117,7 @@ def is_framework_tool(tool):
 def tool_of(command):
     """The tools/ script a command runs, "-m MODULE" for ``python -m``, "mim run PACKAGE SCRIPT"
     or the script's path (as the command names it: detectron2's analyze_model.py, an OpenMMLab
-    package's .mim tool, also when ``python -m srvit_backbones.flops`` runs it) for the frameworks'
+    package's .mim tool, also when ``python -m srvit_backbones.analysis.flops`` runs it) for the frameworks'
     own tools, else None."""
     words = shlex.split(command)
     if words[:3] == FLOP_TOOL:

@@ -9,13 +9,11 @@ import onnxruntime  # the deploy extra; make setup installs it
 import onnxscript  # noqa: F401  (the dynamo exporter needs it)
 import pytest
 import torch
-
-from srvit_backbones import create_srvit
-from srvit_backbones.amp import cpu_has_native_bf16
-from srvit_backbones import CheckpointError, ConfigError
-from srvit_backbones.export import ExportError, build_backbone, check_onnx, main, output_names
-
 from helpers import load_tool, randomize_routers
+
+from srvit_backbones import CheckpointError, ConfigError, create_srvit
+from srvit_backbones.analysis.export import ExportError, build_backbone, check_onnx, main, output_names
+from srvit_backbones.training.amp import cpu_has_native_bf16
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(embed_dim=32, num_heads=2)
@@ -162,9 +160,9 @@ def test_amp_reports_what_bf16_costs_and_exports_fp32(exported):
 
 def test_amp_without_native_bf16_is_refused_before_exporting(monkeypatch, tmp_path):
     """A CPU without native bf16 (simulated: this one may have it) gets the reason and no file."""
-    import srvit_backbones.amp
+    import srvit_backbones.training.amp
 
-    monkeypatch.setattr(srvit_backbones.amp, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(srvit_backbones.training.amp, "cpu_has_native_bf16", lambda: False)
     output = tmp_path / "x.onnx"
     with pytest.raises(ConfigError, match="^--amp on the CPU runs bf16, but this CPU has no native bf16.*run without "
                                           "--amp"):

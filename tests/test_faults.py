@@ -1,4 +1,4 @@
-"""srvit_backbones.faults, what every training entry point does under a fault, in itself: a
+"""srvit_backbones.training.faults, what every training entry point does under a fault, in itself: a
 checkpoint write killed mid-way, a GradScaler skipping step after step. The entry points' own
 runs under each fault are tested in their files (test_detectron2, test_mmseg, test_mmdet,
 test_pretrain: "diverged", "cut_short", "two_machines", "rank_killed")."""
@@ -9,18 +9,18 @@ import sys
 
 import pytest
 import torch
-
-from srvit_backbones import faults
 from helpers import wait_for_text
+
+from srvit_backbones.training import faults
 
 # a process that rewrites CHECKPOINT through faults.atomic_open and is stopped half-way through
 # the write (it prints "writing" and sleeps there, as a large checkpoint's write takes a while)
 HALF_WRITTEN = """
 import os, sys, time, types
 package = types.ModuleType("srvit_backbones")  # the package's modules without its __init__: no timm to import
-package.__path__ = [os.path.dirname(sys.argv[2])]
+package.__path__ = [os.path.dirname(os.path.dirname(sys.argv[2]))]
 sys.modules["srvit_backbones"] = package
-from srvit_backbones import faults  # torch and srvit_backbones.errors only
+from srvit_backbones.training import faults  # torch and srvit_backbones.errors only
 
 with faults.atomic_open(sys.argv[1]) as f:
     f.write(b"new" * 100_000)

@@ -1,16 +1,15 @@
 """tools/count_flops.py reproduces the paper's Table 2 at 224x224 and Table 4 (whole detectors
-at 1024x1024, whole segmentors at 512x512): the counts of ``srvit_backbones.flops``, the rows of
-``srvit_backbones.flops_table`` and each adapter's ``<framework>/flops.py``."""
+at 1024x1024, whole segmentors at 512x512): the counts of ``srvit_backbones.analysis.flops``, the rows of
+``srvit_backbones.analysis.flops_table`` and each adapter's ``<framework>/flops.py``."""
 import json
 from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 import torch
-
-from srvit_backbones import create_srvit
-from srvit_backbones.flops import ATTENTION, SDPA_OP, count_by_operator, count_flops, sdpa_flop_jit
 from helpers import load_tool
 
+from srvit_backbones import create_srvit
+from srvit_backbones.analysis.flops import ATTENTION, SDPA_OP, count_by_operator, count_flops, sdpa_flop_jit
 
 # paper Table 2: params (M), GFLOPs (ImageNet head included, 224x224)
 TABLE2 = {
@@ -79,12 +78,12 @@ json.dump(dict(fvcore=fvcore, mmengine=mmengine, total=total, argv=sys.argv[1:])
 
 
 def test_the_frameworks_own_flop_counters_count_fused_attention(tmp_path, monkeypatch):
-    """``python -m srvit_backbones.flops SCRIPT ARGS`` runs a framework's own tool after
+    """``python -m srvit_backbones.analysis.flops SCRIPT ARGS`` runs a framework's own tool after
     ``count_fused_attention()``, which adds the handle to fvcore's default handles (detectron2's
     tools/analyze_model.py builds its counter from them) and mmengine's (mmdet's and mmseg's
     get_flops.py call ``get_model_complexity_info``): their own counters, built as those tools
     build them, count an SR-ViT's fused attention as our counter does (the two matmuls it replaces)."""
-    from srvit_backbones.flops import main
+    from srvit_backbones.analysis.flops import main
 
     script, out = tmp_path / "counters.py", tmp_path / "counts.json"
     script.write_text(FRAMEWORK_COUNTERS)
@@ -167,7 +166,7 @@ def test_count_flops_takes_a_config_folder_and_subfolder_names(monkeypatch):
     in the table. What each path measures is the Table 4 test's; here only which paths are
     measured (the adapter's count replaced by a recorder)."""
     import srvit_backbones
-    from srvit_backbones.flops_table import config_name
+    from srvit_backbones.analysis.flops_table import config_name
 
     tool = load_tool("count_flops")
     measured = []
@@ -202,8 +201,8 @@ def test_shortcut_counts_equal_one_trace_of_the_whole_model(tmp_path, capsys):
     detectors that share their heads, one with global attention and one windowed, and a third
     with other heads; a segmentor that prunes its last block; a classifier."""
     import srvit_backbones
+    from srvit_backbones.analysis.flops import Counted
     from srvit_backbones.detectron2.flops import count_detector
-    from srvit_backbones.flops import Counted
 
     tool = load_tool("count_flops")
     other_heads = tmp_path / "mask_rcnn_tiny_one_box_conv.py"

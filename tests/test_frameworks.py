@@ -7,15 +7,22 @@ import os
 import numpy as np
 import pytest
 import torch
+from helpers import ROOT, load_tool
 from PIL import Image
 
 import srvit_backbones
+from srvit_backbones.analysis.demo import Demo, read_weights, refused_unless_it_fits, say_on_image
+from srvit_backbones.analysis.flops_table import measure_variant
 from srvit_backbones.checkpoint import require_fit
-from srvit_backbones.demo import Demo, read_weights, refused_unless_it_fits, say_on_image
-from srvit_backbones.flops_table import measure_variant
-from srvit_backbones.frameworks import (FrameworkAdapter, adapter, framework_of, frameworks, register_framework,
-                                        resolve, unregister_framework)
-from helpers import ROOT, load_tool
+from srvit_backbones.frameworks import (
+    FrameworkAdapter,
+    adapter,
+    framework_of,
+    frameworks,
+    register_framework,
+    resolve,
+    unregister_framework,
+)
 
 SHIPPED = sorted(p for folder in ("detectron2_configs", "mmdet_configs", "mmseg_configs")
                  for p in glob.glob(os.path.join(ROOT, folder, "**", "*.py"), recursive=True)

@@ -1,4 +1,4 @@
-"""tools/gpu_check.py (``srvit_backbones.benchmark.gpu_check``): without CUDA it runs the
+"""tools/gpu_check.py (``srvit_backbones.analysis.benchmark.gpu_check``): without CUDA it runs the
 device-branch check with the GPU's choices forced on the CPU and exits 0; every check's code
 runs on the CPU at a small size, the way it runs on a GPU (our own loops in bf16 where they
 autocast on a GPU; the frameworks' training, whose AMP needs CUDA, in fp32): one run of all of
@@ -7,10 +7,10 @@ import json
 
 import pytest
 import torch
-
-from srvit_backbones.benchmark import devices, gpu_check, model_flops_utilisation, peak_tflops
-from srvit_backbones.models import rel_pos
 from helpers import load_tool
+
+from srvit_backbones.analysis.benchmark import devices, gpu_check, model_flops_utilisation, peak_tflops
+from srvit_backbones.models import rel_pos
 
 
 def run_checks(tmp_path_factory, checks):
@@ -18,7 +18,7 @@ def run_checks(tmp_path_factory, checks):
     aot_eager, the throughput runs (d) and (g) at 32 px, bf16 where the checks autocast; the
     benchmark's peak-memory processes, tested in test_performance_tools.py, left out), through the
     tool's main as a user runs it: its JSON."""
-    from srvit_backbones import amp
+    from srvit_backbones.training import amp
 
     tool = load_tool("gpu_check")
     output = tmp_path_factory.mktemp("gpu_check") / "check.json"
@@ -105,7 +105,7 @@ def test_the_throughput_rows_pair_srvit_with_deit_and_its_same_depth_vit_with_mf
     """(d): the benchmark's rows at --throughput-size, paired, each with count_flops' multiply-adds
     at that size and MFU ('unknown' peak without a GPU), next to the paper's figures."""
     from srvit_backbones import create_srvit
-    from srvit_backbones.flops import count_flops
+    from srvit_backbones.analysis.flops import count_flops
 
     throughput = every_check["checks"]["d"]
     assert throughput["command"].startswith("python tools/benchmark.py --model srvit_s_t3 --size 32")

@@ -5,11 +5,16 @@ import os
 
 import pytest
 import torch
+from helpers import ROOT, lr_and_decay
 
 from srvit_backbones import create_srvit
-from srvit_backbones.layer_decay import (WEIGHT_DECAY_CONVENTIONS, layer_depth, layer_id, lr_decay_factor,
-                                         weight_decay_exemptions)
-from helpers import ROOT, lr_and_decay
+from srvit_backbones.layer_decay import (
+    WEIGHT_DECAY_CONVENTIONS,
+    layer_depth,
+    layer_id,
+    lr_decay_factor,
+    weight_decay_exemptions,
+)
 
 SIZES_S = [1, 4, 3, 2, 1, 1]  # S-R4-R3-R2-R1-S: 12 unique blocks
 

@@ -16,32 +16,46 @@ import timm
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from PIL import Image
 from detectron2.config import LazyConfig, instantiate
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool
 from detectron2.modeling.backbone.vit import SimpleFeaturePyramid as D2SimpleFeaturePyramid
+from helpers import (
+    assert_layer_decay_constructor_honours_paramwise_cfg,
+    assert_mmengine_compiled_training_equals_eager,
+    assert_mmengine_resume_restores,
+    assert_mmengine_run_stops_diverged,
+    file_size_limit,
+    free_port,
+    kill_machine_1_beside_one_machine,
+    load_tool,
+    randomize_routers,
+    run,
+    scheduled_lrs,
+    side_by_side,
+    torchrun,
+    trained_detectron2,
+    two_gloo_processes,
+)
 from mmdet.registry import MODELS
 from mmdet.structures import DetDataSample
 from mmdet.structures.mask import BitmapMasks
 from mmdet.utils import register_all_modules
 from mmengine.config import Config
-from mmengine.registry import DefaultScope
 from mmengine.model import MMDistributedDataParallel
 from mmengine.optim import build_optim_wrapper
+from mmengine.registry import DefaultScope
 from mmengine.structures import InstanceData
+from PIL import Image
 
 import srvit_backbones
 import srvit_backbones.mmdet  # noqa: F401  (registers SRViT, SimpleFeaturePyramid, ...)
-from srvit_backbones import CheckpointError, ConfigError, DataCheckError, create_srvit, curves
-from srvit_backbones.detectron2 import SRViTBackbone as D2Backbone, SRViTCheckpointer, srvit_optimizer_params
+from srvit_backbones import CheckpointError, ConfigError, DataCheckError, create_srvit
+from srvit_backbones.detectron2 import SRViTBackbone as D2Backbone
+from srvit_backbones.detectron2 import SRViTCheckpointer, srvit_optimizer_params
 from srvit_backbones.layer_decay import lr_decay_factor
 from srvit_backbones.models.rel_pos import is_rel_pos
 from srvit_backbones.openmmlab.hooks import Fp16CompressionHook
-from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg,
-                     assert_mmengine_compiled_training_equals_eager, assert_mmengine_resume_restores,
-                     assert_mmengine_run_stops_diverged, file_size_limit, free_port, kill_machine_1_beside_one_machine,
-                     load_tool, randomize_routers, run, scheduled_lrs, side_by_side, torchrun, trained_detectron2,
-                     two_gloo_processes)
+from srvit_backbones.training import curves
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, "mmdet_configs")
@@ -249,7 +263,7 @@ def test_the_backbone_gets_detectron2s_padded_input(path, tmp_path):
     DatasetMapper and the model's preprocess_image): the backbone gets the same tensor, the image
     resized into the square and padded to it with the mean pixel (0 once normalised)."""
     from detectron2.data import DatasetMapper
-    from mmdet.apis import init_detector, inference_detector
+    from mmdet.apis import inference_detector, init_detector
 
     d2_path = detectron2_twin(path) or os.path.join(D2_CONFIGS, "quickstart", "mask_rcnn_srvit_tiny_cpu.py")
     image = tmp_path / "image.png"
@@ -281,7 +295,7 @@ def test_a_detection_in_the_padding_stays_in_the_image(tmp_path):
     """With the test images padded to the square, an untrained detector (its proposals all over the
     padded input) returns boxes clipped to the image and masks of the image's size: the pad is not
     part of img_shape (a pipeline Pad made boxes reach into it, and the mask paste then failed)."""
-    from mmdet.apis import init_detector, inference_detector
+    from mmdet.apis import inference_detector, init_detector
 
     image = tmp_path / "wide.png"
     Image.fromarray(torch.full((40, 190, 3), 200, dtype=torch.uint8).numpy()).save(image)
@@ -731,9 +745,9 @@ def test_det_inferencer_and_inference_detector(coco_root, trained):
 
 
 def test_demo_and_plot_curves_read_mmdet(coco_root, trained, tmp_path, monkeypatch, capsys):
-    from srvit_backbones.demo import relative_names, run_demo
+    from srvit_backbones.analysis.demo import relative_names, run_demo
+    from srvit_backbones.analysis.images import find_images
     from srvit_backbones.frameworks import adapter
-    from srvit_backbones.images import find_images
 
     work, _ = trained
     monkeypatch.chdir(coco_root)  # the config's data_root (datasets/coco/) names the annotation file
@@ -1092,8 +1106,8 @@ def test_federated_loss_is_detectron2s():
     use_fed_loss) on the same logits, labels (background included) and class draws; its scores are
     detectron2's sigmoid ones with a background column of 0."""
     from detectron2.layers import ShapeSpec
-    from detectron2.modeling.roi_heads import FastRCNNOutputLayers
     from detectron2.modeling.box_regression import Box2BoxTransform
+    from detectron2.modeling.roi_heads import FastRCNNOutputLayers
 
     ours = MODELS.build(dict(type="FederatedSigmoidCELoss"))
     weights = ours.fed_loss_cls_weights
@@ -1131,7 +1145,7 @@ def test_federated_loss_weights_are_lvis_v1s_whatever_the_data_path(lvis_root, t
     package (detectron2's LVIS_CATEGORY_IMAGE_COUNT), with no file read: moving data_root or
     ann_file changes nothing and nothing is read at the first loss. image_counts=FILE takes that
     file's counts; the data check of tools/train_det.py checks that file before anything is built."""
-    from srvit_backbones.lvis_v1_image_counts import LVIS_V1_TRAIN_IMAGE_COUNTS
+    from srvit_backbones.data.lvis_v1_image_counts import LVIS_V1_TRAIN_IMAGE_COUNTS
     from srvit_backbones.mmdet.tools import check_data
 
     assert torch.equal(torch.tensor(LVIS_V1_TRAIN_IMAGE_COUNTS), detectron2_lvis_v1_image_counts())
@@ -1163,7 +1177,7 @@ def test_an_lvis_file_is_parsed_once_per_process(lvis_root, tmp_path, monkeypatc
     """The data check of every LVIS file of a cascade config (train, val, evaluator: two files) and
     three federated losses given the training file parse each file once per process (LVIS v1's
     training file is about 1 GB), and again once it changes."""
-    import srvit_backbones.lvis as lvis
+    import srvit_backbones.data.lvis as lvis
     from srvit_backbones.mmdet.tools import check_data
 
     train = shutil.copy(lvis_json(lvis_root, "train"), str(tmp_path / "train.json"))
@@ -1195,7 +1209,7 @@ def test_an_lvis_file_without_image_count_is_refused(lvis_root, tmp_path):
     """check_lvis_annotations refuses an LVIS file whose categories lack 'image_count' (every LVIS v1
     file carries it; the federated loss weighs its classes by it when given the file), naming the
     field, the first such category and the fix."""
-    from srvit_backbones.lvis import LVISFormatError, check_lvis_annotations
+    from srvit_backbones.data.lvis import LVISFormatError, check_lvis_annotations
 
     data = json.load(open(lvis_json(lvis_root, "train")))
     del data["categories"][5]["image_count"]

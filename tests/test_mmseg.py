@@ -17,12 +17,26 @@ from unittest import mock
 import mmseg
 import pytest
 import torch
+from helpers import (
+    assert_layer_decay_constructor_honours_paramwise_cfg,
+    assert_mmengine_resume_restores,
+    assert_mmengine_run_stops_diverged,
+    divergence_report,
+    file_size_limit,
+    free_port,
+    interpolated_pos_embed,
+    kill_machine_1_beside_one_machine,
+    load_tool,
+    side_by_side,
+    torchrun,
+    trained_mmseg,
+)
 from mmengine.config import Config
 from mmengine.fileio import register_backend
 from mmengine.logging import MMLogger
-from mmengine.registry import OPTIM_WRAPPERS, DefaultScope
 from mmengine.optim import AmpOptimWrapper, OptimWrapper, build_optim_wrapper
 from mmengine.optim.optimizer import amp_optimizer_wrapper
+from mmengine.registry import OPTIM_WRAPPERS, DefaultScope
 from mmseg.registry import MODELS
 from mmseg.utils import register_all_modules
 
@@ -30,10 +44,6 @@ import srvit_backbones
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import CheckpointError, create_srvit
 from srvit_backbones.openmmlab.hooks import AtomicLocalBackend, DivergenceCheckHook, SRViTCheckpointHook
-from helpers import (assert_layer_decay_constructor_honours_paramwise_cfg, assert_mmengine_resume_restores,
-                     assert_mmengine_run_stops_diverged, divergence_report, file_size_limit, free_port,
-                     interpolated_pos_embed, kill_machine_1_beside_one_machine, load_tool, side_by_side, torchrun,
-                     trained_mmseg)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "mmseg_configs")
@@ -503,7 +513,7 @@ def test_under_gradient_accumulation_the_skips_are_counted_per_optimizer_step():
     hook reads."""
     from mmengine.logging import MessageHub
 
-    from srvit_backbones.faults import Diverged
+    from srvit_backbones.training.faults import Diverged
 
     weights = torch.nn.Parameter(torch.zeros(4))
     wrapper = CPUAmpOptimWrapper(optimizer=torch.optim.SGD([weights], lr=0.1), accumulative_counts=2,

@@ -11,10 +11,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
+from helpers import assert_mmengine_compiled_training_equals_eager, two_gloo_processes
 from mmengine.config import Config
-from mmengine.registry import DefaultScope
 from mmengine.model import MMDistributedDataParallel
 from mmengine.optim import build_optim_wrapper
+from mmengine.registry import DefaultScope
 from mmengine.structures import PixelData
 from mmseg.registry import MODELS
 from mmseg.structures import SegDataSample
@@ -23,7 +24,6 @@ from mmseg.utils import register_all_modules
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import create_srvit
 from srvit_backbones.openmmlab.tools import sync_bn_to_bn
-from helpers import assert_mmengine_compiled_training_equals_eager, two_gloo_processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, "mmseg_configs")

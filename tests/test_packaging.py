@@ -38,10 +38,11 @@ def test_the_core_imports_no_framework():
     itself only when imported."""
     package = os.path.join(ROOT, "srvit_backbones")
     shared = [f"srvit_backbones.{folder}{name[:-3]}".replace(".__init__", "")
-              for folder in ("", "benchmark.", "pretrain.", "synthetic.")
-              for name in sorted(os.listdir(os.path.join(package, folder.rstrip(".")))) if name.endswith(".py")]
+              for folder in ("", "analysis.", "analysis.benchmark.", "data.", "data.synthetic.", "pretrain.",
+                             "training.")
+              for name in sorted(os.listdir(os.path.join(package, *folder.split(".")))) if name.endswith(".py")]
     code = (f"import importlib; [importlib.import_module(m) for m in {shared!r}]; "
-            "import sys, timm, torch, srvit_backbones, srvit_backbones.layer_decay, srvit_backbones.flops; "
+            "import sys, timm, torch, srvit_backbones, srvit_backbones.layer_decay, srvit_backbones.analysis.flops; "
             "m = timm.create_model('srvit_t_t2', embed_dim=32, num_heads=2); "
             "srvit_backbones.load_pretrained(m, m.state_dict()); "
             "print(sorted(n for n in sys.modules if n.split('.')[0] in "
@@ -330,3 +331,63 @@ def test_no_method_repeats_a_framework_methods_body():
                     copies.append(f"{cls.__module__}.{cls.__qualname__}.{name} repeats {len(repeated)} statements "
                                   f"of {bases[0].__module__}.{bases[0].__qualname__}.{name}: {repeated}")
     assert copies == []
+
+
+#: the modules at the top of the package, beside the folders that group the rest by purpose
+TOP_LEVEL = {"checkpoint.py", "layer_decay.py", "frameworks.py", "config_files.py", "errors.py", "collect_env.py"}
+FOLDERS = {"models", "detectron2", "openmmlab", "mmdet", "mmseg", "pretrain", "training", "data", "analysis"}
+
+
+def _package_imports():
+    """{module path: the package's modules it imports}, each import resolved to the module file it
+    names (``from . import x`` of a module ``x`` included); imports of a package's ``__init__``
+    (its face, which only hands names on) are left out."""
+    import ast
+
+    package = os.path.join(ROOT, "srvit_backbones")
+    graph = {}
+    for folder, _, files in os.walk(package):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            here = os.path.dirname(path)
+            targets = set()
+            for node in ast.walk(ast.parse(open(path).read())):
+                if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("srvit_backbones")):
+                    base = here if node.level else ROOT
+                    for _ in range(node.level - 1):
+                        base = os.path.dirname(base)
+                    base = os.path.join(base, *node.module.split(".")) if node.module else base
+                    for alias in node.names:
+                        for candidate in (os.path.join(base, alias.name + ".py"), base + ".py"):
+                            if os.path.isfile(candidate):
+                                targets.add(candidate)
+                                break
+            graph[path] = targets
+    return graph
+
+
+def test_the_layout_groups_the_package_by_purpose_without_import_circles():
+    """At most six loose modules at the top (the plugin's own: checkpoint reading, layer decay, the
+    framework table, config files, errors, collect_env); the rest in folders named for what they
+    are for; and no two modules importing each other, directly or around a circle."""
+    package = os.path.join(ROOT, "srvit_backbones")
+    entries = {name for name in os.listdir(package) if name != "__init__.py" and not name.startswith((".", "_"))}
+    assert {name for name in entries if name.endswith(".py")} == TOP_LEVEL
+    assert {name for name in entries if os.path.isdir(os.path.join(package, name))} == FOLDERS
+    graph = _package_imports()
+    state = {}
+
+    def visit(path, stack):
+        state[path] = "open"
+        for target in graph[path]:
+            assert state.get(target) != "open", "import circle: " + " -> ".join(
+                os.path.relpath(p, package) for p in stack[stack.index(target):] + [target])
+            if target not in state:
+                visit(target, stack + [target])
+        state[path] = "done"
+
+    for path in sorted(graph):
+        if path not in state:
+            visit(path, [path])

@@ -1,4 +1,4 @@
-"""torch.compile of the core model, the measuring harness (``srvit_backbones.benchmark`` and the
+"""torch.compile of the core model, the measuring harness (``srvit_backbones.analysis.benchmark`` and the
 adapters' parts) and the benchmark tool, its entry point (exercised, never timed, here)."""
 import importlib
 import json
@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 import torch._dynamo
+from helpers import load_tool
 
 from srvit_backbones import SRViT, create_srvit
-from srvit_backbones.amp import cpu_has_native_bf16
-from helpers import load_tool
+from srvit_backbones.training.amp import cpu_has_native_bf16
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -83,7 +83,7 @@ def test_each_jobs_peak_memory_is_its_own_growth():
     """The peak-memory processes (forked from a server that imported torch once) each report their
     own job's growth of the resident set: a large training job at least its parameters, gradients
     and AdamW's two moments; a tiny model measured after it far less, as measured before it."""
-    from srvit_backbones.benchmark import runner
+    from srvit_backbones.analysis.benchmark import runner
 
     args = runner.parse_args(["--model", "srvit_t_t2", "--size", "32", "--batch-size", "1", "--device", "cpu"])
     large = dict(kind="srvit", name="srvit_t_t2", mode="train", grad_checkpointing=False, amp=False, amp_dtype=None)
@@ -111,7 +111,7 @@ def test_benchmark_tool_refuses_bad_arguments():
 def in_a_fresh_process(function, *args):
     """``function(*args)`` in a process forked from the benchmark's memory server, which imported
     the runner (and torch) alone and ran nothing: a new interpreter's state without its imports."""
-    from srvit_backbones.benchmark.runner import memory_processes
+    from srvit_backbones.analysis.benchmark.runner import memory_processes
 
     with memory_processes().Pool(1) as pool:
         return pool.apply(function, args)
@@ -120,7 +120,7 @@ def in_a_fresh_process(function, *args):
 def page_faults_of_five_steps(keep_freed):
     """Minor page faults of five steps that allocate and free 24 buffers of 8 MiB (after one step
     untimed), with ``keep_freed_memory`` or with the C library's defaults."""
-    from srvit_backbones.benchmark import timing
+    from srvit_backbones.analysis.benchmark import timing
 
     if keep_freed:
         assert timing.keep_freed_memory() is not None
@@ -204,8 +204,8 @@ def test_benchmark_amp_rows_record_their_dtype_and_pair_with_fp32():
 
 
 def test_benchmark_amp_on_a_cpu_without_bf16_says_so(monkeypatch):
-    import srvit_backbones.amp
-    monkeypatch.setattr(srvit_backbones.amp, "cpu_has_native_bf16", lambda: False)  # a CPU without it
+    import srvit_backbones.training.amp
+    monkeypatch.setattr(srvit_backbones.training.amp, "cpu_has_native_bf16", lambda: False)  # a CPU without it
     with pytest.raises(SystemExit) as e:
         load_tool("benchmark").main(["--model", "srvit_t_t2", "--size", "32", "--device", "cpu", "--amp"])
     assert "no native bf16" in str(e.value) and "run without --amp" in str(e.value)
@@ -288,7 +288,7 @@ def test_benchmark_compile_pairs_each_model_with_its_eager_run():
     """``--compile both``: every model twice, compiled (with its backend) and eager; a compiled
     row is compared with its own eager row and with the other compiled models only; a backend
     without --compile is refused."""
-    from srvit_backbones.benchmark import runner
+    from srvit_backbones.analysis.benchmark import runner
 
     args = runner.parse_args(["--model", "srvit_t_t2", "--compile", "both", "--references", "deit_small_patch16_224"])
     jobs = runner.make_jobs(args, [], None, "infer")
@@ -331,7 +331,7 @@ def test_benchmark_compile_both_times_a_detector_with_its_backbone_compiled_by_t
 def test_a_compiled_models_graph_breaks_and_graphs_are_recorded():
     """What ``compile_record`` reports of a compiled call (the benchmark's compiled rows; the GPU
     check's (g) fails on a graph break): a function that breaks once makes two graphs."""
-    from srvit_backbones.benchmark.runner import compile_record
+    from srvit_backbones.analysis.benchmark.runner import compile_record
 
     def breaks_once(x):
         x = x.sin()
@@ -348,7 +348,7 @@ def test_a_compiled_models_graph_breaks_and_graphs_are_recorded():
 
 
 def test_the_timer_synchronises_and_the_paired_ratios_read_rounds():
-    from srvit_backbones.benchmark import Timer, cosine, paired_ratios
+    from srvit_backbones.analysis.benchmark import Timer, cosine, paired_ratios
 
     timer = Timer("cpu")
     for _ in range(3):
@@ -369,7 +369,7 @@ def test_the_timer_synchronises_and_the_paired_ratios_read_rounds():
 
 
 def test_the_synthetic_segmentation_batch_and_image_folder(tmp_path):
-    from srvit_backbones.benchmark.data import synthetic_image_folder
+    from srvit_backbones.analysis.benchmark.data import synthetic_image_folder
     from srvit_backbones.mmseg.benchmark import synthetic_segmentation_batch
 
     inputs, samples = synthetic_segmentation_batch(2, 32, classes=5)
@@ -389,8 +389,8 @@ def test_no_tool_loads_another_and_the_harness_imports_no_framework():
         if name.endswith(".py"):
             with open(os.path.join(ROOT, "tools", name)) as f:
                 assert "spec_from_file_location" not in f.read(), name
-    harness = ["srvit_backbones.benchmark", "srvit_backbones.benchmark.runner", "srvit_backbones.benchmark.devices",
-               "srvit_backbones.benchmark.data", "srvit_backbones.benchmark.attention"]
+    harness = ["srvit_backbones.analysis.benchmark", "srvit_backbones.analysis.benchmark.runner", "srvit_backbones.analysis.benchmark.devices",
+               "srvit_backbones.analysis.benchmark.data", "srvit_backbones.analysis.benchmark.attention"]
     assert in_a_fresh_process(frameworks_loaded_after_importing, harness) == []
 
 
@@ -408,7 +408,7 @@ def test_vitdet_same_depth_is_detectron2s_vit_with_the_windowed_variants_applica
     paired with every variant: tests/test_gpu_check.py's (f))."""
     from detectron2.modeling.backbone.vit import ViT
 
-    from srvit_backbones.benchmark.backbones import build
+    from srvit_backbones.analysis.benchmark.backbones import build
 
     windowed = create_srvit("srvit_t_t2", img_size=64, window_size=2, use_rel_pos=True, num_classes=0)
     ref = build("vitdet_same_depth", "srvit_t_t2", 64, False, dict(window_size=2, use_rel_pos=True))
@@ -439,7 +439,7 @@ def test_attention_mode_times_every_kernel_and_checks_it_against_detectron2(tmp_
     apart, each with its launches; ours agree with detectron2's formula, the ``blocked`` kernel
     keeps less for the backward than the materialised bias; a kernel that raises is a row with
     its error, and the others still run."""
-    from srvit_backbones.benchmark import attention
+    from srvit_backbones.analysis.benchmark import attention
 
     def broken(*args):
         raise RuntimeError("this kernel does not compile here")

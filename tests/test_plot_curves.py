@@ -1,4 +1,4 @@
-"""tools/plot_curves.py (``srvit_backbones.curves``) on the metrics of real short trainings (the
+"""tools/plot_curves.py (``srvit_backbones.training.curves``) on the metrics of real short trainings (the
 ones test_demo.py draws from, shared through the session's temp folder): panels, lines and their
 data (the config's lr schedule, each evaluation at its iteration, AP in percent), and clear
 errors. The mmdet quickstart's curves: test_mmdet.py, on its run."""
@@ -7,10 +7,10 @@ import os
 import shutil
 
 import pytest
+from helpers import load_tool, scheduled_lrs, trained_detectron2, trained_mmseg
 from PIL import Image
 
-from srvit_backbones.curves import CurvesError, plot_curves
-from helpers import load_tool, scheduled_lrs, trained_detectron2, trained_mmseg
+from srvit_backbones.training.curves import CurvesError, plot_curves
 
 
 @pytest.fixture(scope="session")

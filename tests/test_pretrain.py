@@ -10,13 +10,21 @@ import numpy as np
 import pytest
 import timm
 import torch
+from helpers import (
+    divergence_report,
+    file_size_limit,
+    free_port,
+    interpolated_pos_embed,
+    kill_machine_1_beside_one_machine,
+    load_tool,
+    torchrun,
+)
 from PIL import Image, ImageOps
 from timm.data import auto_augment
 
-from srvit_backbones import InputError, amp, create_srvit, faults
+from srvit_backbones import InputError, create_srvit
 from srvit_backbones.pretrain import augment, engine, recipe, trainer
-from helpers import (divergence_report, file_size_limit, free_port, interpolated_pos_embed,
-                     kill_machine_1_beside_one_machine, load_tool, torchrun)
+from srvit_backbones.training import amp, faults
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -376,7 +384,7 @@ def test_one_amp_rule_for_every_device(monkeypatch):
     """``--amp``: fp16 (and a GradScaler) on CUDA, bf16 on a CPU with native bf16, a clear error
     where the CPU has none; never a silent fp32 run. A named dtype runs on the CPU, with a warning
     where it is emulated."""
-    from srvit_backbones import amp
+    from srvit_backbones.training import amp
 
     monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: True)
     expected = {("cuda", "auto"): torch.float16, ("cuda:1", "fp16"): torch.float16, ("cuda", "bf16"): torch.bfloat16,
@@ -401,7 +409,7 @@ def test_a_pretraining_step_with_amp_on_the_cpu_runs_bf16(image_folder, tmp_path
     """``tools/pretrain.py --amp`` on the CPU trains in bf16 (seen inside the model: the qkv
     projection's output; the router stays float32) without a GradScaler; a CPU without native
     bf16 stops before any work with the fix."""
-    from srvit_backbones import amp
+    from srvit_backbones.training import amp
 
     monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: True)  # the rule's branch, whatever this CPU has
     run = trainer.build(recipe.parse(tiny_args(image_folder, tmp_path, "--amp")), distributed=False)

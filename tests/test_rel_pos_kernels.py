@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from srvit_backbones import SRViT
-from srvit_backbones.benchmark.attention import detectron2_formula as detectron2_attention
-from srvit_backbones.benchmark.launches import count_launches
+from srvit_backbones.analysis.benchmark.attention import detectron2_formula as detectron2_attention
+from srvit_backbones.analysis.benchmark.launches import count_launches
 from srvit_backbones.models import apply_block, rel_pos
 from srvit_backbones.models.rel_pos import bias_calls, choose_kernel, rel_pos_attention, rel_pos_lookup
 

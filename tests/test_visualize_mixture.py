@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from helpers import load_tool, randomize_routers
 from PIL import Image
 from skimage import data
 
 from srvit_backbones import create_srvit, load_pretrained
-from srvit_backbones.amp import cpu_has_native_bf16
-from srvit_backbones.images import load_image, to_batch
-from helpers import load_tool, randomize_routers
+from srvit_backbones.analysis.images import load_image, to_batch
+from srvit_backbones.training.amp import cpu_has_native_bf16
 
 ARCH = dict(embed_dim=64, num_heads=2, num_steps=3)
 SET = ["--model", "srvit_t_t2", "--set", "embed_dim=64", "num_heads=2", "num_steps=3"]
@@ -143,9 +143,9 @@ def test_amp_runs_bf16_and_stays_close(photos, checkpoints, tmp_path):
 
 def test_amp_without_native_bf16_is_refused(monkeypatch, tmp_path):
     """A CPU without native bf16 (simulated: this one may have it) gets the reason, not a slow run."""
-    import srvit_backbones.amp
+    import srvit_backbones.training.amp
 
-    monkeypatch.setattr(srvit_backbones.amp, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(srvit_backbones.training.amp, "cpu_has_native_bf16", lambda: False)
     with pytest.raises(SystemExit, match="no native bf16.*run without --amp"):
         tool.main([*SET, "--size", "64", "--out-dir", str(tmp_path / "out"), "--amp"])
     assert not (tmp_path / "out").exists()
@@ -185,9 +185,9 @@ def test_bad_requests_are_clear_errors(argv, message, tmp_path):
 def test_the_library_raises_typed_errors(tmp_path):
     """Called from Python, the pictures' model and the images raise the package's errors (the
     tool prints them); a notebook catches them."""
+    from srvit_backbones.analysis.images import find_images
+    from srvit_backbones.analysis.mixture_pictures import build_model, picture_names
     from srvit_backbones.errors import ConfigError, InputError
-    from srvit_backbones.images import find_images
-    from srvit_backbones.mixture_pictures import build_model, picture_names
 
     with pytest.raises(ConfigError, match=r"^--size 70 is not a multiple of the patch size 16: use 64 or 80$"):
         build_model("srvit_t_t2", [("embed_dim", 64), ("num_heads", 2)], size=70)

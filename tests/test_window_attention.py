@@ -8,18 +8,17 @@ import timm
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers import unit_applications
 from timm.models.vision_transformer import VisionTransformer
 from timm.models.vision_transformer_sam import Block as SamBlock
 from timm.models.vision_transformer_sam import get_rel_pos
 
 from srvit_backbones import CheckpointError, SoftMoRUnit, SRViT, create_srvit, load_pretrained
-from srvit_backbones.flops import count_flops
+from srvit_backbones.analysis.flops import count_flops
 from srvit_backbones.layer_decay import layer_id
 from srvit_backbones.models import RelPosAttention, apply_block, default_global_attn_indexes
 from srvit_backbones.models.rel_pos import is_rel_pos, resize_rel_pos
 from srvit_backbones.models.window import merge_windows, window_qkv
-
-from helpers import unit_applications
 
 
 def tiny(**kw):
@@ -527,7 +526,7 @@ def test_the_gpu_choices_of_kernel_and_blocks_equal_the_cpu_ones(grid, window, b
     (``blocks_take_sdpa``, ``default_block_elements``, chosen from the device type). Passing
     'cuda' runs those choices here: outputs and gradients equal the CPU choices' to 1e-5, for
     windows (padded to whole windows by ``window_qkv``) and the global grid."""
-    from srvit_backbones.models.rel_pos import default_block_elements, blocks_take_sdpa
+    from srvit_backbones.models.rel_pos import blocks_take_sdpa, default_block_elements
 
     size = (window, window) if window else grid
     keys = size[0] * size[1]
@@ -535,7 +534,7 @@ def test_the_gpu_choices_of_kernel_and_blocks_equal_the_cpu_ones(grid, window, b
     assert default_block_elements("cuda", sdpa=False) > default_block_elements("cpu", sdpa=False)
 
     # the comparison make gpu-check runs
-    from srvit_backbones.benchmark.devices import kernel_under_both_choices
+    from srvit_backbones.analysis.benchmark.devices import kernel_under_both_choices
 
     results = kernel_under_both_choices(grid, window, block_elements)
     for gpu, cpu in zip(results["cuda"], results["cpu"], strict=True):

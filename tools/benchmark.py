@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Speed and memory of SR-ViT against its anchors, of variants side by side, of whole Mask
 R-CNN training steps, compiled against eager, and of the relative-position attention kernels
-(``--help`` says how). The harness is ``srvit_backbones.benchmark`` (``runner`` is this tool;
+(``--help`` says how). The harness is ``srvit_backbones.analysis.benchmark`` (``runner`` is this tool;
 the detector steps are ``srvit_backbones.detectron2.benchmark``).
 
     python tools/benchmark.py --model srvit_s_t3 --size 224 --batch-size 8
@@ -12,7 +12,7 @@ the detector steps are ``srvit_backbones.detectron2.benchmark``).
     python tools/benchmark.py --model srvit_s_t3 --references --compile both
     python tools/benchmark.py --attention --size 1024 --batch-size 2
 """
-from srvit_backbones.benchmark import runner
+from srvit_backbones.analysis.benchmark import runner
 from srvit_backbones.errors import tool_main
 
 main = tool_main(runner.main)

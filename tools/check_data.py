@@ -17,7 +17,7 @@ import argparse
 
 from mmengine.config import DictAction
 
-from srvit_backbones.data_check import add_coco_arguments, add_segmentation_arguments
+from srvit_backbones.data.check import add_coco_arguments, add_segmentation_arguments
 from srvit_backbones.errors import tool_main
 from srvit_backbones.frameworks import adapter, framework, framework_of, frameworks, resolve
 

@@ -17,8 +17,8 @@ import json
 import sys
 
 import srvit_backbones
-from srvit_backbones import flops_table
-from srvit_backbones.flops import Counted
+from srvit_backbones.analysis import flops_table
+from srvit_backbones.analysis.flops import Counted
 from srvit_backbones.frameworks import TASKS, adapter, frameworks
 from srvit_backbones.frameworks import framework as framework_row
 from srvit_backbones.models import VARIANTS

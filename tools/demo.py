@@ -25,10 +25,10 @@ import os
 
 import torch
 
-from srvit_backbones.demo import check_device, relative_names, run_demo
+from srvit_backbones.analysis.demo import check_device, relative_names, run_demo
+from srvit_backbones.analysis.images import find_images
 from srvit_backbones.errors import tool_main
 from srvit_backbones.frameworks import adapter, frameworks, load_config
-from srvit_backbones.images import find_images
 
 
 @tool_main

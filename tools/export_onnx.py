@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Export the dense SR-ViT backbone to ONNX (dynamic batch, height and width) and check it
-with ONNX Runtime against PyTorch at two input sizes; the logic is ``srvit_backbones.export``.
+with ONNX Runtime against PyTorch at two input sizes; the logic is ``srvit_backbones.analysis.export``.
 
     python tools/export_onnx.py --model srvit_s_t3 --checkpoint output/pretrain/best.pth --output srvit_s_t3.onnx
     python tools/export_onnx.py --model srvit_s_t3 --checkpoint output/model_final.pth --output det_backbone.onnx
@@ -15,7 +15,7 @@ largest magnitude. ``--amp`` keeps the exported graph fp32 and adds to the check
 model under bf16 autocast on the CPU (where the CPU has native bf16), printing its difference
 to the fp32 ONNX outputs: what bf16 inference would cost in accuracy.
 """
-from srvit_backbones import export
+from srvit_backbones.analysis import export
 from srvit_backbones.errors import tool_main
 
 main = tool_main(export.main, prefix="error: ")

@@ -5,7 +5,7 @@ each figure beside its anchor measured in the same run.
     python tools/gpu_check.py                                   # one GPU
     python tools/gpu_check.py --device cpu --size 64 --steps 1 --checks a b c d e f g --compile-backend aot_eager
 
-The checks (a)-(g), what each runs and reads against: ``srvit_backbones.benchmark.gpu_check``.
+The checks (a)-(g), what each runs and reads against: ``srvit_backbones.analysis.benchmark.gpu_check``.
 """
 import argparse
 import functools
@@ -15,8 +15,8 @@ import sys
 
 import torch
 
-from srvit_backbones.benchmark.gpu_check import CHECKS, run_checks, summary
-from srvit_backbones.benchmark.runner import COMPILE_BACKENDS
+from srvit_backbones.analysis.benchmark.gpu_check import CHECKS, run_checks, summary
+from srvit_backbones.analysis.benchmark.runner import COMPILE_BACKENDS
 
 
 def parse_args(argv=None):

@@ -17,7 +17,7 @@ mmseg's custom datasets: label 0 the background, 1..4 the shapes, 255 the unlabe
 
     ROOT/images/{train,val}/*.jpg   ROOT/labels/{train,val}/*.png   ROOT/classes.txt
 """
-from srvit_backbones.synthetic import ade20k
+from srvit_backbones.data.synthetic import ade20k
 
 
 def main(argv=None):

@@ -17,7 +17,7 @@ COCO: the three shapes are categories 1..3 under those names (only they are list
 
     ROOT/{train,val}/*.jpg   ROOT/annotations/{train,val}.json
 """
-from srvit_backbones.synthetic import coco
+from srvit_backbones.data.synthetic import coco
 
 
 def main(argv=None):

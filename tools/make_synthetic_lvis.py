@@ -20,7 +20,7 @@ every fourth image: its false positives are not counted there).
     python tools/make_synthetic_lvis.py --root datasets --train 64 --val 16
     DETECTRON2_DATASETS=datasets python tools/train_net.py --config lvis/mask_rcnn_srvit_s_t3.py ...
 """
-from srvit_backbones.synthetic import coco, lvis
+from srvit_backbones.data.synthetic import coco, lvis
 
 
 def main(argv=None):

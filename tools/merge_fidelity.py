@@ -11,16 +11,16 @@ L2 error. Run it on your checkpoint and your images before turning merging on.
 
 The checkpoint may come from tools/pretrain.py, detectron2 or mmseg (the backbone is found
 inside it); the features are those dense heads take by default (``default_feature_indices``)
-and the last block's output. The computation is ``srvit_backbones.merge_fidelity``.
+and the last block's output. The computation is ``srvit_backbones.analysis.merge_fidelity``.
 """
 import argparse
 import json
 import sys
 
+from srvit_backbones.analysis.export import parse_override
+from srvit_backbones.analysis.images import find_images, load_image, to_batch
+from srvit_backbones.analysis.merge_fidelity import fidelity, fidelity_model, fidelity_table
 from srvit_backbones.errors import tool_main
-from srvit_backbones.export import parse_override
-from srvit_backbones.images import find_images, load_image, to_batch
-from srvit_backbones.merge_fidelity import fidelity, fidelity_model, fidelity_table
 
 
 @tool_main

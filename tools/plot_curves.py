@@ -8,12 +8,12 @@ iterations, from a Detectron2 run's ``metrics.json`` or an MMSegmentation / MMDe
     python tools/plot_curves.py output/quickstart_mmdet
 
 How a resumed run's logs are joined and the three frameworks drawn alike (the evaluation at its
-iteration, the base lr, AP in percent): ``srvit_backbones.curves``.
+iteration, the base lr, AP in percent): ``srvit_backbones.training.curves``.
 """
 import argparse
 
-from srvit_backbones.curves import plot_curves
 from srvit_backbones.errors import tool_main
+from srvit_backbones.training.curves import plot_curves
 
 
 @tool_main

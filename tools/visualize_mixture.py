@@ -22,11 +22,17 @@ aggregation the applied weights are one-hot: the entropy is 0 everywhere.
 import argparse
 import sys
 
+from srvit_backbones.analysis.export import parse_override
+from srvit_backbones.analysis.images import find_images
+from srvit_backbones.analysis.mixture_pictures import (
+    build_model,
+    describe_image,
+    describe_summary,
+    draw_pictures,
+    draw_summary,
+    picture_names,
+)
 from srvit_backbones.errors import tool_main
-from srvit_backbones.export import parse_override
-from srvit_backbones.images import find_images
-from srvit_backbones.mixture_pictures import (build_model, describe_image, describe_summary, draw_pictures,
-                                              draw_summary, picture_names)
 
 
 @tool_main(prefix="error: ")

@@ -16,7 +16,7 @@ configs change in a COCO config.
 ``lvis_box_predictor`` updates a FastRCNNOutputLayers config (Cascade R-CNN: each of the three);
 ``lvis_schedule(train, lr_multiplier, optimizer)`` turns a COCO schedule into LVIS's. An LVIS
 config pointed at a COCO-format file is refused by tools/train_net.py before anything is built
-(srvit_backbones.lvis.check_lvis_annotations).
+(srvit_backbones.data.lvis.check_lvis_annotations).
 """
 from detectron2.config import LazyCall as L
 from detectron2.data.samplers import RepeatFactorTrainingSampler

@@ -2,7 +2,9 @@
 LVIS settings (common/lvis.py) in each of the three stages' box predictors, as
 lvis/mask_rcnn_deit_s_win.py has them in its one."""
 from ..cascade.cascade_mask_rcnn_deit_s_win import lr_multiplier, model, optimizer, train
-from ..common.lvis import dataloader, lvis_box_predictor as _lvis_box_predictor, lvis_schedule as _lvis_schedule
+from ..common.lvis import dataloader
+from ..common.lvis import lvis_box_predictor as _lvis_box_predictor
+from ..common.lvis import lvis_schedule as _lvis_schedule
 from ..common.lvis import num_classes as _num_classes
 
 model.roi_heads.num_classes = _num_classes

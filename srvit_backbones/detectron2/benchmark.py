@@ -10,8 +10,8 @@ from detectron2.structures import Instances, PolygonMasks
 from detectron2.utils.events import EventStorage
 from detectron2.utils.registry import locate
 
-from ..amp import autocast
-from ..benchmark.timing import Timer, train_step
+from ..analysis.benchmark.timing import Timer, train_step
+from ..training.amp import autocast
 from .backbone import SRViTBackbone
 from .training import build_model, build_optimizer, build_trainer, load_config
 

@@ -19,9 +19,15 @@ import re
 from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.checkpoint.c2_model_loading import align_and_update_state_dicts
 
-from ..checkpoint import (LoadReport, convert_state_dict, extract_state_dict, load_pretrained, read_checkpoint,
-                          require_fine_tune_fit)
-from ..faults import atomic_open, refuse_non_finite_weights
+from ..checkpoint import (
+    LoadReport,
+    convert_state_dict,
+    extract_state_dict,
+    load_pretrained,
+    read_checkpoint,
+    require_fine_tune_fit,
+)
+from ..training.faults import atomic_open, refuse_non_finite_weights
 from .backbone import SRViTBackbone
 from .faults import FIXES, last_checkpoint
 

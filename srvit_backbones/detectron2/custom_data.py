@@ -5,7 +5,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 
-from ..data_check import CocoSplit, coco_categories
+from ..data.check import CocoSplit, coco_categories
 
 
 def register_coco_split(name: str, json_file: str, image_root: str) -> str:
@@ -107,7 +107,7 @@ def _names(classes: Sequence[str]) -> str:
 
 
 def data_splits(cfg) -> List[CocoSplit]:
-    """The config's datasets registered from a file, as ``CocoSplit``s for ``srvit_backbones.data_check``."""
+    """The config's datasets registered from a file, as ``CocoSplit``s for ``srvit_backbones.data.check``."""
     from detectron2.data import MetadataCatalog
 
     splits = []

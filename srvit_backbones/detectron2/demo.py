@@ -1,5 +1,5 @@
 """detectron2's demo (``Detectron2Adapter.build_demo``): ``LazyConfigPredictor`` and ``Visualizer``."""
-from ..demo import DetectionDemo, read_weights, refused_unless_it_fits
+from ..analysis.demo import DetectionDemo, read_weights, refused_unless_it_fits
 from .predictor import LazyConfigPredictor
 
 

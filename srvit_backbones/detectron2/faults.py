@@ -1,4 +1,4 @@
-"""Faults of a detectron2 run, as every entry point handles them (``srvit_backbones.faults``):
+"""Faults of a detectron2 run, as every entry point handles them (``srvit_backbones.training.faults``):
 a diverged run stopped with the iteration, the last checkpoint and what to try (detectron2 stops
 at a non-finite loss itself, "Loss became infinite or NaN at iteration=N", but names neither,
 and its ``AMPTrainer`` lets a GradScaler skip every step silently); a process of the job that
@@ -10,7 +10,13 @@ from detectron2.engine import launch as detectron2_launch
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from ..errors import SRViTError
-from ..faults import MAX_CONSECUTIVE_SKIPPED_STEPS, Diverged, SkippedStepCounter, collective_timeout, divergence_message
+from ..training.faults import (
+    MAX_CONSECUTIVE_SKIPPED_STEPS,
+    Diverged,
+    SkippedStepCounter,
+    collective_timeout,
+    divergence_message,
+)
 
 FIXES = ("a lower optimizer.lr (or a longer lr_multiplier.warmup_length)",
          "gradient clipping (detectron2.solver.build.maybe_add_gradient_clipping)",

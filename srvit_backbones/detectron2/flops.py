@@ -6,8 +6,8 @@ from detectron2.config import LazyConfig, instantiate
 from detectron2.utils.analysis import FlopCountAnalysis
 from omegaconf import OmegaConf
 
-from ..flops import Counted, attention_split, count_by_operator, count_params, count_parts, proposals_checked
-from ..flops_table import table_row
+from ..analysis.flops import Counted, attention_split, count_by_operator, count_params, count_parts, proposals_checked
+from ..analysis.flops_table import table_row
 from .demo import set_score_threshold
 
 

@@ -5,7 +5,7 @@ import functools
 from detectron2.data.detection_utils import get_fed_loss_cls_weights
 from detectron2.evaluation import LVISEvaluator
 
-from ..lvis import lvis_under_numpy2
+from ..data.lvis import lvis_under_numpy2
 
 
 def fed_loss_cls_weights(dataset_names, freq_weight_power=0.5):

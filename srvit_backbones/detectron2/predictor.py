@@ -9,8 +9,8 @@ from detectron2.data import MetadataCatalog
 from detectron2.data import transforms as T
 from detectron2.engine import DefaultPredictor
 
-from ..amp import autocast
 from ..checkpoint import require_fit
+from ..training.amp import autocast
 
 
 class LazyConfigPredictor(DefaultPredictor):

@@ -10,7 +10,7 @@ from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 
 from ..config_files import resolve_config
-from ..data_check import add_coco_arguments, add_skip_argument
+from ..data.check import add_coco_arguments, add_skip_argument
 from ..errors import CheckpointError, ConfigError
 from . import faults, training, validate
 from .checkpoint import SRViTCheckpointer

@@ -1,7 +1,7 @@
 """Checks of a LazyConfig that catch, with the fix, what detectron2 would fail on later or do silently."""
 import torch
 
-from ..data_check import run_check
+from ..data.check import run_check
 from ..errors import ConfigError
 from .custom_data import check_num_classes, data_splits, dataset_names
 from .training import load_config, trainer_class
@@ -61,7 +61,7 @@ def validate_lvis_data(cfg):
     """An LVIS config's datasets must be LVIS-format files: else a ``ValueError`` naming the fix."""
     from detectron2.data import DatasetCatalog, MetadataCatalog
 
-    from ..lvis import check_lvis_annotations
+    from ..data.lvis import check_lvis_annotations
 
     if not is_lvis_config(cfg):
         return cfg

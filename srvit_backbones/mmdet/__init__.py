@@ -12,10 +12,10 @@ from typing import List
 from mmdet.evaluation.metrics import LVISMetric
 from mmdet.registry import HOOKS, METRICS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS
 
+from ..data.lvis import lvis_under_numpy2
 from ..openmmlab import SRViTBackbone, SRViTLayerDecayOptimizerConstructor, checkpoint_loading  # noqa: F401
-from ..openmmlab.runner import SRViTRunner
 from ..openmmlab.hooks import DivergenceCheckHook, Fp16CompressionHook, SRViTCheckpointHook
-from ..lvis import lvis_under_numpy2
+from ..openmmlab.runner import SRViTRunner
 from .cascade import SingleMaskCascadeRoIHead  # noqa: F401  (registers it)
 from .losses import FederatedSigmoidCELoss  # noqa: F401  (registers it)
 from .neck import LayerNorm2d, SimpleFeaturePyramid
@@ -34,7 +34,7 @@ class SRViTDetBackbone(SRViTBackbone):
 @METRICS.register_module()
 class SRViTLVISMetric(LVISMetric):
     """mmdet's ``LVISMetric`` (the LVIS configs' metric), computing inside
-    ``srvit_backbones.lvis.lvis_under_numpy2``: lvis 0.5.3 fails under numpy 2 otherwise."""
+    ``srvit_backbones.data.lvis.lvis_under_numpy2``: lvis 0.5.3 fails under numpy 2 otherwise."""
 
     def compute_metrics(self, results):
         with lvis_under_numpy2():

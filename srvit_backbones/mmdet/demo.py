@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 
-from ..demo import DetectionDemo
+from ..analysis.demo import DetectionDemo
 from .inference import SRViTDetInferencer
 
 

@@ -7,8 +7,8 @@ from mmdet.structures import DetDataSample
 from mmdet.utils import register_all_modules
 from mmengine.config import Config
 
-from ..flops import Counted, attention_split, count_by_operator, count_params, count_parts, proposals_checked
-from ..flops_table import table_row
+from ..analysis.flops import Counted, attention_split, count_by_operator, count_params, count_parts, proposals_checked
+from ..analysis.flops_table import table_row
 
 
 class _Predict(nn.Module):

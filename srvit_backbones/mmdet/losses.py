@@ -22,7 +22,7 @@ def fed_loss_classes(gt_classes, num_fed_loss_classes, num_classes, weight):
 
 def image_count_weights(image_counts, num_classes, freq_weight_power):
     """detectron2's get_fed_loss_cls_weights: each class's image count (at least 1) to ``freq_weight_power``."""
-    from ..lvis import class_image_counts
+    from ..data.lvis import class_image_counts
 
     counts = torch.tensor([max(c, 1) for c in class_image_counts(image_counts, num_classes)], dtype=torch.float)
     return counts ** freq_weight_power

@@ -4,7 +4,7 @@ import os
 
 from mmengine.config import Config
 
-from ..data_check import add_coco_arguments, add_skip_argument, coco_categories
+from ..data.check import add_coco_arguments, add_skip_argument, coco_categories
 from ..errors import ConfigError, InputError
 from ..openmmlab import data_check as openmmlab_data_check
 from ..openmmlab import tools as openmmlab_tools
@@ -106,7 +106,7 @@ def check_data(cfg: Config, loaders, read_files: bool = False) -> None:
 def check_lvis_data(cfg: Config, loaders) -> None:
     """LVIS datasets' and metrics' files must be LVIS-format, and federated losses must find their image
     counts: an ``LVISFormatError`` naming the field and the fix otherwise."""
-    from ..lvis import LVIS_V1, LVISFormatError, check_lvis_annotations, class_image_counts
+    from ..data.lvis import LVIS_V1, LVISFormatError, check_lvis_annotations, class_image_counts
 
     files = []
     for loader in loaders:

@@ -6,8 +6,8 @@ Configs import it with ``custom_imports = dict(imports=['srvit_backbones.mmseg']
 from mmseg.registry import HOOKS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS
 
 from ..openmmlab import SRViTBackbone, SRViTLayerDecayOptimizerConstructor, checkpoint_loading  # noqa: F401
-from ..openmmlab.runner import SRViTRunner
 from ..openmmlab.hooks import DivergenceCheckHook, SRViTCheckpointHook
+from ..openmmlab.runner import SRViTRunner
 
 MODELS.register_module(name="SRViT", module=SRViTBackbone)
 OPTIM_WRAPPER_CONSTRUCTORS.register_module(module=SRViTLayerDecayOptimizerConstructor)

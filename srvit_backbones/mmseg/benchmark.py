@@ -7,7 +7,7 @@ from mmengine.structures import PixelData
 from mmseg.registry import MODELS
 from mmseg.structures import SegDataSample
 
-from ..benchmark.timing import Timer
+from ..analysis.benchmark.timing import Timer
 from ..config_files import resolve_config
 from ..openmmlab.tools import sync_bn_to_bn
 from . import SRViTBackbone  # noqa: F401  (registers the backbone)

@@ -1,5 +1,5 @@
 """mmseg's demo (``MMSegAdapter.build_demo``): ``MMSegInferencer``; its raw output is the label map."""
-from ..demo import Demo
+from ..analysis.demo import Demo
 from .inference import SRViTSegInferencer
 
 

@@ -6,8 +6,8 @@ from mmengine.config import Config
 from mmseg.registry import MODELS
 from mmseg.utils import register_all_modules
 
-from ..flops import Counted, attention_split, count_flops, count_params, count_parts
-from ..flops_table import table_row
+from ..analysis.flops import Counted, attention_split, count_flops, count_params, count_parts
+from ..analysis.flops_table import table_row
 
 
 class _Units(nn.Module):

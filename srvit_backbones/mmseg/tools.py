@@ -5,7 +5,7 @@ import os
 
 from mmengine.config import Config
 
-from ..data_check import add_segmentation_arguments, add_skip_argument
+from ..data.check import add_segmentation_arguments, add_skip_argument
 from ..errors import ConfigError, InputError
 from ..openmmlab import data_check as openmmlab_data_check
 from ..openmmlab import tools as openmmlab_tools

@@ -1,4 +1,4 @@
-"""An mmdet or mmseg config against its data: the datasets' files as ``srvit_backbones.data_check``
+"""An mmdet or mmseg config against its data: the datasets' files as ``srvit_backbones.data.check``
 splits, and the model's class count against the datasets' classes (a head of another size fails
 late, at its first validation or in a bare IndexError). The frameworks' dataset classes'
 defaults come from their ``DATASETS`` registry."""
@@ -8,7 +8,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 from mmengine.config import Config
 
-from ..data_check import CocoSplit, SegSplit, coco_categories, run_check
+from ..data.check import CocoSplit, SegSplit, coco_categories, run_check
 from ..errors import ConfigError
 from .tools import datasets
 
@@ -36,7 +36,7 @@ def check_against_data(cfg: Config, loaders: Sequence[str], registry, fix: str, 
         loaders: the config keys of the dataloaders to check (``train_dataloader``...).
         registry: the framework's ``DATASETS`` registry (the dataset classes' defaults).
         fix: how the tool sizes the heads from the data (the error's fix).
-        read_files: also read every file of the datasets (``srvit_backbones.data_check``).
+        read_files: also read every file of the datasets (``srvit_backbones.data.check``).
 
     Raises:
         ConfigError: a ``num_classes`` or the datasets' classes do not agree.

@@ -25,8 +25,14 @@ from mmengine.utils import mkdir_or_exist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from ..faults import (MAX_CONSECUTIVE_SKIPPED_STEPS, Diverged, SkippedStepCounter, atomic_open, divergence_message,
-                      refuse_non_finite_weights)
+from ..training.faults import (
+    MAX_CONSECUTIVE_SKIPPED_STEPS,
+    Diverged,
+    SkippedStepCounter,
+    atomic_open,
+    divergence_message,
+    refuse_non_finite_weights,
+)
 
 #: the ``backend_args`` backend that ``SRViTCheckpointHook`` writes local checkpoints with
 ATOMIC_LOCAL_BACKEND = "srvit_atomic_local"

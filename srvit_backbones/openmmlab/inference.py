@@ -6,9 +6,9 @@ from typing import Mapping, Optional
 import torch
 from mmengine.structures import BaseDataElement
 
-from ..amp import autocast
+from ..analysis.demo import read_weights, refused_unless_it_fits
 from ..checkpoint import require_fit
-from ..demo import read_weights, refused_unless_it_fits
+from ..training.amp import autocast
 
 
 class CheckedWeightsInferencer:

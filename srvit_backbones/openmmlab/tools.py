@@ -15,7 +15,7 @@ from mmengine.registry import OPTIM_WRAPPERS
 
 from ..config_files import resolve_config
 from ..errors import ConfigError, DataCheckError
-from ..faults import COLLECTIVE_TIMEOUT_S, collective_timeout
+from ..training.faults import COLLECTIVE_TIMEOUT_S, collective_timeout
 
 #: the arguments only mixed precision takes (mmengine's ``AmpOptimWrapper``'s)
 AMP_ONLY_KEYS = ("loss_scale", "dtype", "use_fsdp")

@@ -15,11 +15,16 @@ import torch.nn.functional as F
 from timm.data import FastCollateMixup, Mixup, create_dataset, create_loader, resolve_data_config
 from timm.utils import accuracy
 
-from srvit_backbones import amp
 from srvit_backbones.errors import ConfigError, InputError
-from srvit_backbones.faults import (Diverged, SkippedStepCounter, atomic_torch_save, divergence_message,
-                                    refuse_non_finite_weights)
 from srvit_backbones.pretrain.augment import guarded_posterize
+from srvit_backbones.training import amp
+from srvit_backbones.training.faults import (
+    Diverged,
+    SkippedStepCounter,
+    atomic_torch_save,
+    divergence_message,
+    refuse_non_finite_weights,
+)
 
 logger = logging.getLogger("srvit.pretrain")
 
@@ -114,7 +119,7 @@ def seed_epoch(seed: int, epoch: int, rank: int = 0) -> None:
 
 
 def precision(args) -> Optional[torch.dtype]:
-    """The autocast dtype of ``--amp`` on ``--device`` (``srvit_backbones.amp``), or a ``ConfigError``."""
+    """The autocast dtype of ``--amp`` on ``--device`` (``srvit_backbones.training.amp``), or a ``ConfigError``."""
     try:
         return amp.resolve_precision(args.device, args.amp)
     except ValueError as e:

@@ -4,9 +4,9 @@ from typing import Optional, Sequence, Set
 
 import torch
 
-from srvit_backbones.amp import PRECISIONS
 from srvit_backbones.errors import ConfigError
 from srvit_backbones.models import variant_args
+from srvit_backbones.training.amp import PRECISIONS
 
 #: warmup epochs by recursion depth T (Table 8); T=1 (DeiT) uses DeiT's 5
 WARMUP_EPOCHS_BY_T = {1: 5, 2: 5, 3: 10, 4: 20}
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--teacher", default="regnety_160", help="timm teacher model")
     p.add_argument("--teacher-weights", default="", help="local weights file of the teacher")
     p.add_argument("--amp", nargs="?", const="auto", default="auto", choices=PRECISIONS,
-                   help="mixed precision (srvit_backbones.amp): auto = fp16 + GradScaler on CUDA, bf16 on a CPU with "
+                   help="mixed precision (srvit_backbones.training.amp): auto = fp16 + GradScaler on CUDA, bf16 on a CPU with "
                         "native bf16 (an error on one without); bf16 / fp16 to choose; none = fp32")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--grad-checkpointing", action="store_true")

@@ -17,10 +17,11 @@ from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3, NativeScaler
 
 import srvit_backbones  # noqa: F401  (registers the variants)
-from srvit_backbones import amp, load_pretrained
+from srvit_backbones import load_pretrained
 from srvit_backbones.checkpoint import read_checkpoint
 from srvit_backbones.errors import CheckpointError, ConfigError
-from srvit_backbones.faults import collective_timeout
+from srvit_backbones.training import amp
+from srvit_backbones.training.faults import collective_timeout
 
 from . import engine
 

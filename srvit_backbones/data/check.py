@@ -15,7 +15,7 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 import numpy as np
 from PIL import Image
 
-from .errors import DataCheckError
+from ..errors import DataCheckError
 
 #: how many file names a finding quotes
 EXAMPLES = 5

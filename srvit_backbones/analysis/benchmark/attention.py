@@ -7,7 +7,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from ..models.rel_pos import KERNELS, rel_pos_attention
+from ...models.rel_pos import KERNELS, rel_pos_attention
 from .launches import count_launches
 from .timing import Timer, cosine
 

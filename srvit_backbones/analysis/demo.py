@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .amp import amp_dtype
-from .checkpoint import read_checkpoint
-from .errors import CheckpointError, ConfigError, InputError
+from ..checkpoint import read_checkpoint
+from ..errors import CheckpointError, ConfigError, InputError
+from ..training.amp import amp_dtype
 
 
 class Demo:

@@ -10,12 +10,12 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from .amp import autocast
-from .checkpoint import LoadReport, extract_state_dict, load_pretrained, read_checkpoint, select_backbone
+from ..checkpoint import LoadReport, extract_state_dict, load_pretrained, read_checkpoint, select_backbone
+from ..errors import CheckpointError, SRViTError
+from ..models import create_srvit
+from ..models.rules import split_pos_embed
+from ..training.amp import autocast
 from .demo import check_device
-from .errors import CheckpointError, SRViTError
-from .models import create_srvit
-from .models.rules import split_pos_embed
 
 #: constructor arguments that the tool sets itself (options of their own)
 RESERVED = ("features_only", "img_size", "out_indices", "num_classes", "pretrained")

@@ -10,10 +10,10 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from .config_files import config_dir, config_folders
+from ..config_files import config_dir, config_folders
+from ..frameworks import shipped_in
+from ..models import VARIANTS, create_srvit
 from .flops import count_flops, count_params
-from .frameworks import shipped_in
-from .models import VARIANTS, create_srvit
 
 
 def measure_variant(name: str, size: Tuple[int, int], num_classes: int, plain: bool = False) -> Dict:

@@ -8,7 +8,7 @@ from typing import Dict, Tuple
 
 from matplotlib.figure import Figure
 
-from .errors import InputError
+from ..errors import InputError
 
 
 class CurvesError(InputError, ValueError):

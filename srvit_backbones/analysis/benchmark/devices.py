@@ -1,9 +1,10 @@
 """The GPU check's (e): the device branches of the relative-position attention against the CPU's fp32."""
 import torch
 
-from .. import SRViT, amp
-from ..models.rel_pos import KERNELS, choose_kernel, rel_pos_attention
-from ..models.window import window_qkv
+from ... import SRViT
+from ...models.rel_pos import KERNELS, choose_kernel, rel_pos_attention
+from ...models.window import window_qkv
+from ...training import amp
 from .timing import cosine
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from .models import softmor
+from ..models import softmor
 
 SDPA_OP = "aten::scaled_dot_product_attention"
 APPLY_BLOCK = softmor.apply_block  # what a block application runs, also while BlockApplications records them
@@ -223,7 +223,7 @@ def proposals_checked(nms: Any, threshold: str, module: nn.Module, proposals: Ca
 
 
 def main(argv=None):
-    """``python -m srvit_backbones.flops SCRIPT [ARGS...]``: run a framework's FLOP tool (SCRIPT,
+    """``python -m srvit_backbones.analysis.flops SCRIPT [ARGS...]``: run a framework's FLOP tool (SCRIPT,
     e.g. detectron2's tools/analyze_model.py) with fused attention counted."""
     import argparse
     import runpy

@@ -6,7 +6,8 @@ import inspect
 import timm
 import torch
 
-from .. import SRViT, amp
+from ... import SRViT
+from ...training import amp
 from .timing import train_step
 
 REFERENCE_SAME_DEPTH = "vit_same_depth"
@@ -60,7 +61,7 @@ def build(kind, name, size, grad_ckpt, model_args=None):
     ``model_args``). A 1000-class head at 224, none elsewhere."""
     num_classes = 1000 if size == 224 else 0
     if kind == REFERENCE_VITDET:
-        from ..detectron2.benchmark import vitdet_same_depth  # needs detectron2
+        from ...detectron2.benchmark import vitdet_same_depth  # needs detectron2
 
         return vitdet_same_depth(timm.create_model(name, img_size=size, num_classes=0, **model_args), size, grad_ckpt)
     if kind == REFERENCE_SAME_DEPTH:

@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..frameworks import adapter, load_config
+from ...frameworks import adapter, load_config
 from . import Timer, machine_record, model_flops_utilisation
 from .backbones import build
 from .data import synthetic_image_folder
@@ -100,7 +100,7 @@ def check_mmseg(args, device):
 
 def check_pretrain(args, device):
     """(c) tools/pretrain.py's training steps with ``--amp`` (fp16 + GradScaler on CUDA) on a synthetic ImageFolder."""
-    from ..pretrain import engine, recipe, trainer
+    from ...pretrain import engine, recipe, trainer
 
     with tempfile.TemporaryDirectory() as root:
         synthetic_image_folder(root, classes=2, images=args.images_per_gpu * 2, size=64)

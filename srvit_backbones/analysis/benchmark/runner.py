@@ -31,12 +31,19 @@ import traceback
 import timm
 import torch
 
-from .. import amp
-from ..errors import ConfigError, SRViTError
-from ..models import VARIANTS
+from ...errors import ConfigError, SRViTError
+from ...models import VARIANTS
+from ...training import amp
 from .attention import ATTENTION_DTYPES, attention_rows, report_attention
-from .backbones import (REFERENCE_SAME_DEPTH, REFERENCE_VITDET, SAME_DEPTH, backbone_step, build, parse_variant,
-                        windowed_variant)
+from .backbones import (
+    REFERENCE_SAME_DEPTH,
+    REFERENCE_VITDET,
+    SAME_DEPTH,
+    backbone_step,
+    build,
+    parse_variant,
+    windowed_variant,
+)
 from .hardware import machine_record
 from .timing import Timer, keep_freed_memory, minor_page_faults, paired_ratios, peak_rss_mib, synchronize
 
@@ -51,7 +58,7 @@ def build_job(job, args, device):
     """(step, parameters in millions, input size) of one job."""
     dtype = getattr(torch, job["amp_dtype"]) if job["amp"] else None
     if job["kind"] == "detectron2":
-        from ..detectron2.benchmark import detector_step  # needs detectron2
+        from ...detectron2.benchmark import detector_step  # needs detectron2
 
         step, model, size = detector_step(job["name"], job["overrides"], mode=job["mode"], batch_size=args.batch_size,
                                           device=device, grad_checkpointing=job["grad_checkpointing"], amp_dtype=dtype,
@@ -338,7 +345,7 @@ def check_args(args):
             except (TypeError, ValueError) as e:
                 errors.append(f"--variant {name}: {args.model} refuses {kwargs}: {e}")
     if not errors and args.detector:  # a wrong name or a config without an input size, before any timing
-        from ..detectron2.benchmark import detector_config  # needs detectron2
+        from ...detectron2.benchmark import detector_config  # needs detectron2
 
         for config in args.detector:
             try:

@@ -6,9 +6,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .checkpoint import load_pretrained
-from .errors import CheckpointError
-from .models import create_srvit
+from ..checkpoint import load_pretrained
+from ..errors import CheckpointError
+from ..models import create_srvit
 
 #: {ratio: {feature: {"cosine": ..., "cosine_min": ..., "rel_l2": ...}}}
 Fidelity = Dict[float, Dict[str, Dict[str, float]]]

@@ -34,7 +34,7 @@ def cpu_name():
 
 def machine_record(device) -> dict:
     """Versions, CPU, threads, the GPU's name and, on CUDA, its driver and clocks (nvidia-smi)."""
-    from .. import __version__
+    from ... import __version__
 
     device = torch.device(device)
     record = dict(platform=platform.platform(), processor=cpu_name(), cpus=os.cpu_count(),

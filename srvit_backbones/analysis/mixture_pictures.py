@@ -11,13 +11,13 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .amp import autocast
-from .checkpoint import LoadReport, load_pretrained, read_checkpoint
+from ..checkpoint import LoadReport, load_pretrained, read_checkpoint
+from ..errors import ConfigError, InputError
+from ..models import create_srvit
+from ..training.amp import autocast
 from .demo import check_device
-from .errors import ConfigError, InputError
 from .export import RESERVED, table_img_size
 from .images import load_image, to_batch
-from .models import create_srvit
 
 Stats = Dict[int, Dict[str, torch.Tensor]]
 

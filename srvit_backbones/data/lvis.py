@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy
 
-from .errors import DataCheckError
+from ..errors import DataCheckError
 
 FIX = ("an LVIS config needs LVIS v1 annotations (lvis_v1_train.json / lvis_v1_val.json from "
        "https://www.lvisdataset.org/dataset, or tools/make_synthetic_lvis.py); for COCO use the COCO config "

@@ -12,7 +12,7 @@ from typing import Iterable, List, Optional
 
 import torch
 
-from .errors import SRViTError
+from ..errors import SRViTError
 
 #: How long a collective waits for a rank that does not answer before the process group fails
 #: (torch's own default is 30 minutes for gloo, 10 for NCCL). Long enough for the slowest thing
