@@ -2,7 +2,7 @@
 PY ?= .venv/bin/python
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: setup test collect-env gpu-check quickstart-detectron2 quickstart-detectron2-win quickstart-mmseg quickstart-mmdet \
+.PHONY: setup test lint collect-env gpu-check quickstart-detectron2 quickstart-detectron2-win quickstart-mmseg quickstart-mmdet \
 	demo-detectron2 demo-mmseg demo-mmdet
 
 setup:
@@ -15,6 +15,11 @@ TEST_WORKERS ?= 2
 test:
 	@test -x $(PY) || { echo "no environment at $(PY): run 'make setup' first (or PY=python make test)"; exit 1; }
 	OMP_NUM_THREADS=$(if $(filter 0,$(TEST_WORKERS)),$(OMP_NUM_THREADS),1) $(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=15
+
+# ruff (ruff.toml): pyflakes, pycodestyle, isort and bugbear over the whole tree; .ci/run runs it
+lint:
+	@test -x $(PY) || { echo "no environment at $(PY): run 'make setup' first"; exit 1; }
+	$(PY) -m ruff check .
 
 collect-env:
 	$(PY) -m srvit_backbones.collect_env
