@@ -392,7 +392,8 @@ def require_fine_tune_fit(weights: Dict[str, torch.Tensor], model_sd: Mapping[st
     missing, groups = 0, []
     for prefix, allow_partial in backbones.items():
         if not allow_partial:
-            report = LoadReport(missing=[k[len(prefix):] for k in model_sd if k.startswith(prefix) and k not in weights])
+            report = LoadReport(missing=[k[len(prefix):] for k in model_sd
+                                         if k.startswith(prefix) and k not in weights])
             missing += len(report.required_missing)
             groups += [prefix + k for k in group_keys(report.required_missing)]
     if missing:

@@ -85,7 +85,8 @@ def _mask_shape_ok(mask, q, k) -> bool:
         return True
     if mask.requires_grad or mask.shape[-2] not in (q.shape[2], 1) or mask.shape[-1] not in (k.shape[2], 1):
         return False
-    return mask.dim() == 2 or (mask.dim() == 4 and mask.shape[0] in (1, q.shape[0]) and mask.shape[1] in (1, q.shape[1]))
+    return mask.dim() == 2 or (mask.dim() == 4 and mask.shape[0] in (1, q.shape[0])
+                               and mask.shape[1] in (1, q.shape[1]))
 
 
 def can_use_cudnn(q, k, v, mask, dropout_p, rules: CudaSDPARules = H100) -> bool:

@@ -71,7 +71,8 @@ def write_reference(recorded: dict):
     """Indented JSON with each list of numbers on one line: a line per tensor."""
     text = json.dumps(recorded, indent=1, sort_keys=True)
     with open(REFERENCE, "w") as f:
-        f.write(re.sub(r"\[\s+([-\d.e, \n]+?)\s+\]", lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text) + "\n")
+        f.write(re.sub(r"\[\s+([-\d.e, \n]+?)\s+\]", lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]",
+                       text) + "\n")
 
 
 def behaviour(name, size, options, run_at, perturb=None):

@@ -126,7 +126,8 @@ def _hard_reference_router_grad(unit, x, grad_out):
         alpha = torch.softmax(unit.router(x), dim=-1)
         choice = alpha.argmax(-1)
         h_c = torch.gather(steps, -1, choice[..., None, None].expand(-1, -1, steps.shape[2], 1)).squeeze(-1)
-        d_logits = (grad_out * h_c).sum(-1, keepdim=True) * (torch.nn.functional.one_hot(choice, unit.num_steps) - alpha)
+        d_logits = (grad_out * h_c).sum(-1, keepdim=True) * (
+            torch.nn.functional.one_hot(choice, unit.num_steps) - alpha)
     return d_logits.reshape(-1, unit.num_steps).T @ x.reshape(-1, x.shape[-1]), d_logits.sum((0, 1)), h_c
 
 

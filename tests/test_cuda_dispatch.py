@@ -71,13 +71,13 @@ def test_the_emulated_call_computes_sdpas_result():
         if mask:
             tensors.append(torch.randn(2, 3, 20, 20, generator=g).half().requires_grad_())
 
-        def run():
+        def run(tensors=tensors, mask=mask):
             out = F.scaled_dot_product_attention(*tensors[:3], attn_mask=tensors[3] if mask else None)
             return [out, *torch.autograd.grad(out.float().square().sum(), tensors)]
 
         expected = run()
         got = []
-        _, calls = count_cuda_launches(lambda: got.extend(run()))
+        _, calls = count_cuda_launches(lambda got=got, run=run: got.extend(run()))
         assert calls[0]["backend"] == ("efficient" if mask else "flash" if head_dim == 92 else "cudnn")
         for a, b in zip(got, expected):
             torch.testing.assert_close(a, b)

@@ -116,7 +116,8 @@ def test_every_planted_defect_is_named_and_a_clean_set_is_silent(clean, tmp_path
         assert name in found[kind][1], (kind, found[kind])
     # gone.jpg and the three mode images have no annotation
     assert found["unannotated_image"][0] == 4
-    assert {k: found[k][0] for k in planted if k != "unannotated_image"} == {k: 1 for k in planted if k != "unannotated_image"}
+    assert ({k: found[k][0] for k in planted if k != "unannotated_image"}
+            == {k: 1 for k in planted if k != "unannotated_image"})
 
     reports = check_splits(splits(clean))
     assert [r.findings for r in reports] == [[], []] and all(r.files > 6 for r in reports)

@@ -245,7 +245,8 @@ def bad_inputs(d2_run, seg_run, tmp_path):
     seg = ["quickstart/upernet_srvit_tiny_cpu.py", "--input", images, *out]
     return {
         "missing checkpoint": ([D2_QUICKSTART, "--checkpoint", "missing.pth", "--input", images, *out],
-                               "'missing.pth' does not exist. Fix: give the model_final.pth that tools/train_net.py wrote"),
+                               "'missing.pth' does not exist. Fix: give the model_final.pth that "
+                               "tools/train_net.py wrote"),
         "not a checkpoint": ([D2_QUICKSTART, "--checkpoint", str(tmp_path / "neither.py"), "--input", images, *out],
                              "neither.py is not a PyTorch checkpoint"),
         "no images": ([D2_QUICKSTART, "--checkpoint", d2_ckpt, "--input", str(tmp_path / "empty"), *out],

@@ -55,7 +55,8 @@ S_T3 = os.path.join(CONFIGS, "mask_rcnn_srvit_s_t3.py")
 ZOO_FOLDERS = ("cascade", "lvis")
 SHIPPED = sorted(p for p in glob.glob(os.path.join(CONFIGS, "**", "*.py"), recursive=True)
                  if os.path.relpath(p, CONFIGS).split(os.sep)[0] not in ("common", *ZOO_FOLDERS))
-ZOO = sorted(p for folder in ZOO_FOLDERS for p in glob.glob(os.path.join(CONFIGS, folder, "**", "*.py"), recursive=True))
+ZOO = sorted(p for folder in ZOO_FOLDERS
+             for p in glob.glob(os.path.join(CONFIGS, folder, "**", "*.py"), recursive=True))
 PREFIX = "backbone.net.srvit."
 
 # Shrinks any shipped config to a 64-wide backbone, 64-channel pyramid and heads, 64-pixel
@@ -68,7 +69,8 @@ TINY = [
     "model.roi_heads.mask_head.input_shape.channels=64", "model.roi_heads.mask_head.conv_dims=[64,64]",
     "model.roi_heads.batch_size_per_image=64",
     "dataloader.train.mapper.augmentations.1.min_scale=0.5", "dataloader.train.mapper.augmentations.1.max_scale=1.5",
-    "dataloader.train.mapper.augmentations.1.target_height=64", "dataloader.train.mapper.augmentations.1.target_width=64",
+    "dataloader.train.mapper.augmentations.1.target_height=64",
+    "dataloader.train.mapper.augmentations.1.target_width=64",
     "dataloader.train.mapper.augmentations.2.crop_size=[64,64]",
     "dataloader.test.mapper.augmentations.0.short_edge_length=64", "dataloader.test.mapper.augmentations.0.max_size=64",
     "dataloader.train.total_batch_size=2", "dataloader.train.num_workers=0", "dataloader.test.num_workers=0",
@@ -731,9 +733,11 @@ def test_fine_tuning_loads_all_but_the_class_layers_and_refuses_foreign_files(co
     torch.save({"model": {f"backbone.bottom_up.{k}": v for k, v in resnet.items()}}, tmp_path / "r_cnn.pth")
     with open(tmp_path / "r50_model_zoo.pkl", "wb") as f:  # detectron2's model-zoo format: Caffe2 names, numpy arrays
         pickle.dump({"model": {"conv1_w": np.zeros((64, 3, 7, 7), np.float32),
-                               "res2_0_branch2a_w": np.zeros((64, 64, 1, 1), np.float32)}, "__author__": "Detectron"}, f)
+                               "res2_0_branch2a_w": np.zeros((64, 64, 1, 1), np.float32)},
+                     "__author__": "Detectron"}, f)
     for name in ("resnet.pth", "r_cnn.pth", "r50_model_zoo.pkl"):
-        with pytest.raises(CheckpointError, match=r"train.init_checkpoint does not hold 112 of the SR-ViT backbone's tensors(.|\n)*"
+        with pytest.raises(CheckpointError, match=r"train.init_checkpoint does not hold 112 of the SR-ViT backbone's "
+                                                  r"tensors(.|\n)*"
                                                   r"backbone.net.srvit.units.\{0,1,2,3,4\}.blocks.\* \(96\)"
                                                   r"(.|\n)*allow_partial=True"):
             trainer(f"train.init_checkpoint={tmp_path / name}")
@@ -1022,7 +1026,8 @@ def lvis_names(lvis_root):
 
 def zoo_config(path, lvis_names, *overrides):
     data = lvis_names if zoo_name(path).startswith("lvis") else []
-    return validate_config(LazyConfig.apply_overrides(LazyConfig.load(path), tiny_overrides(path) + data + list(overrides)))
+    return validate_config(LazyConfig.apply_overrides(LazyConfig.load(path),
+                                                      tiny_overrides(path) + data + list(overrides)))
 
 
 def box_predictors(cfg_or_model):
@@ -1091,7 +1096,8 @@ def test_cascade_is_its_mask_rcnn_with_vitdets_three_stages(variant):
         without(base, ("_target_", "box_head", "box_predictor", "proposal_matcher"))
 
 
-@pytest.mark.parametrize("name", sorted(f"{d}_{v}.py" for v in ZOO_VARIANTS for d in ("mask_rcnn", "cascade_mask_rcnn")))
+@pytest.mark.parametrize("name", sorted(f"{d}_{v}.py" for v in ZOO_VARIANTS
+                                        for d in ("mask_rcnn", "cascade_mask_rcnn")))
 def test_lvis_is_its_coco_config_with_vitdets_lvis_settings(name):
     """lvis/X: ViTDet's LVIS settings (repeat-factor sampling at 0.001, LVISEvaluator (ours, which
     evaluates under numpy 2) with 300 detections, 1203 classes, sigmoid CE + federated loss, score
@@ -1160,7 +1166,8 @@ def test_lvis_cascade_trains_and_lvis_evaluator_returns_ap(lvis_names):
     trainer.train(0, 3)
     losses = [v for v, _ in trainer.storage.history("total_loss").values()]
     assert len(losses) == 3 and all(map(math.isfinite, losses))
-    results = inference_on_dataset(model.eval(), instantiate(cfg.dataloader.test), instantiate(cfg.dataloader.evaluator))
+    results = inference_on_dataset(model.eval(), instantiate(cfg.dataloader.test),
+                                   instantiate(cfg.dataloader.evaluator))
     for task in ("bbox", "segm"):
         assert {"AP", "AP50", "APr", "APc", "APf"} <= set(results[task]), results
         assert all(0 <= results[task][k] <= 100 for k in ("AP", "AP50", "APr", "APc", "APf")), results

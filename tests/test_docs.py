@@ -164,8 +164,10 @@ def every_parse_error():
         if tool is not None:
             argvs.setdefault(tool, set()).add(tuple(documented_arguments(command, tool.split()[-1])))
     argvs = {tool: sorted(a - {()}) for tool, a in argvs.items() if a - {()} and target_of(tool) is not None}
-    proc = subprocess.run([sys.executable, "-c", PARSE_DOCUMENTED, json.dumps({target_of(t): a for t, a in argvs.items()})],
-                          capture_output=True, text=True, cwd=ROOT, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run([sys.executable, "-c", PARSE_DOCUMENTED,
+                           json.dumps({target_of(t): a for t, a in argvs.items()})],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.splitlines()[-1])
     return {tool: results[target_of(tool)] for tool in argvs}

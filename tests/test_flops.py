@@ -189,7 +189,8 @@ def test_count_flops_takes_a_config_folder_and_subfolder_names(monkeypatch):
                          for n in [*srvit_backbones.list_configs(framework, "cascade"),
                                    *srvit_backbones.list_configs(framework, "lvis")]]
              for framework in ("detectron2", "mmdet")}
-    assert names["detectron2"][0] == "cascade/cascade_mask_rcnn_deit_s_win" and "lvis/mask_rcnn_srvit_s_t3_lsj" in names["mmdet"]
+    assert names["detectron2"][0] == "cascade/cascade_mask_rcnn_deit_s_win"
+    assert "lvis/mask_rcnn_srvit_s_t3_lsj" in names["mmdet"]
     assert all(len(set(n)) == len(n) == 12 for n in names.values())
     assert config_name(srvit_backbones.resolve_config("mmseg", "upernet_srvit_s.py")) == "upernet_srvit_s"
 

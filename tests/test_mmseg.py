@@ -807,7 +807,8 @@ def test_fine_tune_an_ade20k_segmentor_on_five_classes_of_your_own(tmp_path_fact
     out = tmp_path / "work"
     monkeypatch.chdir(tmp_path)
     load_tool("train_seg").main([
-        QUICKSTART, "--work-dir", str(out), "--seg-train", str(data / "images" / "train"), str(data / "labels" / "train"),
+        QUICKSTART, "--work-dir", str(out),
+        "--seg-train", str(data / "images" / "train"), str(data / "labels" / "train"),
         "--seg-val", str(data / "images" / "val"), str(data / "labels" / "val"), "--classes", str(data / "classes.txt"),
         "--cfg-options", f"load_from={os.path.join(work, 'iter_4.pth')}", "train_cfg.max_iters=40",
         "train_cfg.val_interval=40", "train_dataloader.batch_size=2", "param_scheduler.0.end=4",

@@ -354,7 +354,8 @@ def _package_imports():
             here = os.path.dirname(path)
             targets = set()
             for node in ast.walk(ast.parse(open(path).read())):
-                if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("srvit_backbones")):
+                if isinstance(node, ast.ImportFrom) and (node.level
+                                                         or (node.module or "").startswith("srvit_backbones")):
                     base = here if node.level else ROOT
                     for _ in range(node.level - 1):
                         base = os.path.dirname(base)

@@ -90,7 +90,8 @@ def test_each_jobs_peak_memory_is_its_own_growth():
     tiny = dict(large, mode="infer", variant="tiny", model_args=dict(embed_dim=64, num_heads=2))
     tiny_first, large_peak, tiny_after = (runner.measure_peak_memory(job, args) for job in (tiny, large, tiny))
     assert large_peak["peak_kind"] == "cpu_peak_rss_growth_mib"
-    params_mib = sum(p.numel() for p in create_srvit("srvit_t_t2", img_size=32, num_classes=0).parameters()) * 4 / 2 ** 20
+    params = create_srvit("srvit_t_t2", img_size=32, num_classes=0).parameters()
+    params_mib = sum(p.numel() for p in params) * 4 / 2 ** 20
     assert large_peak["peak_mib"] > 4 * params_mib
     assert tiny_after["peak_mib"] < large_peak["peak_mib"] / 4 and \
         abs(tiny_after["peak_mib"] - tiny_first["peak_mib"]) < params_mib / 4, (tiny_first, large_peak, tiny_after)
@@ -389,7 +390,8 @@ def test_no_tool_loads_another_and_the_harness_imports_no_framework():
         if name.endswith(".py"):
             with open(os.path.join(ROOT, "tools", name)) as f:
                 assert "spec_from_file_location" not in f.read(), name
-    harness = ["srvit_backbones.analysis.benchmark", "srvit_backbones.analysis.benchmark.runner", "srvit_backbones.analysis.benchmark.devices",
+    harness = ["srvit_backbones.analysis.benchmark", "srvit_backbones.analysis.benchmark.runner",
+               "srvit_backbones.analysis.benchmark.devices",
                "srvit_backbones.analysis.benchmark.data", "srvit_backbones.analysis.benchmark.attention"]
     assert in_a_fresh_process(frameworks_loaded_after_importing, harness) == []
 
@@ -450,11 +452,12 @@ def test_attention_mode_times_every_kernel_and_checks_it_against_detectron2(tmp_
                                           "--repeats", "2", "--device", "cpu", "--json", str(tmp_path / "a.json")])
     rows = json.loads((tmp_path / "a.json").read_text())["rows"]
     assert rows == result["rows"]
-    names = ["flash, no bias", "detectron2 formula", "ours (default choice)", "ours: blocked", "ours: folded", "ours: bias",
-             "ours: flex", "broken"]
+    names = ["flash, no bias", "detectron2 formula", "ours (default choice)", "ours: blocked", "ours: folded",
+             "ours: bias", "ours: flex", "broken"]
     assert [(r["case"], r["dtype"], r["kernel"]) for r in rows] == [
         (case, dtype, k) for case in ("global", "windows") for dtype in ("float32", "bfloat16") for k in names]
-    assert {(r["case"], r["images"], tuple(r["grid"])) for r in rows} == {("global", 1, (4, 4)), ("windows", 1, (14, 14))}
+    assert ({(r["case"], r["images"], tuple(r["grid"])) for r in rows}
+            == {("global", 1, (4, 4)), ("windows", 1, (14, 14))})
     for r in rows:
         if r["kernel"] == "broken":
             assert r["error"] == "RuntimeError: this kernel does not compile here" and r["forward_s"] is None
@@ -475,5 +478,6 @@ def test_attention_mode_times_every_kernel_and_checks_it_against_detectron2(tmp_
         default, blocked = by[case, "float32", "ours (default choice)"], by[case, "float32", "ours: blocked"]
         assert (default["forward_launches"], default["forward_backward_launches"]) == \
             (blocked["forward_launches"], blocked["forward_backward_launches"])
-    with pytest.raises(SystemExit, match="--attention times the attention kernels alone.*drop --detector, --variant, --amp"):
+    with pytest.raises(SystemExit,
+                       match="--attention times the attention kernels alone.*drop --detector, --variant, --amp"):
         load_tool("benchmark").main(["--attention", "--amp", "--device", "cpu"])

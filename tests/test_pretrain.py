@@ -112,7 +112,8 @@ def test_recipe_defaults_match_table8(capsys):
         tool.main(["--model", model, "--dry-run"])
         r = json.loads(capsys.readouterr().out)
         assert r["warmup_epochs"] == warmup
-    assert (r["epochs"], r["batch_size"], r["lr"], r["lr_base_batch"], r["weight_decay"]) == (300, 1024, 1e-3, 1024, 0.05)
+    assert ((r["epochs"], r["batch_size"], r["lr"], r["lr_base_batch"], r["weight_decay"])
+            == (300, 1024, 1e-3, 1024, 0.05))
     assert (r["sched"], r["auto_augment"], r["aug_repeats"], r["reprob"]) == ("cosine", "rand-m9-mstd0.5-inc1", 3, 0.25)
     assert (r["mixup"], r["cutmix"], r["smoothing"], r["crop_pct"], r["input_size"]) == (0.8, 1.0, 0.1, 0.875, 224)
     assert r["teacher"] == "regnety_160"
@@ -341,7 +342,8 @@ def test_convert_checkpoint_keeps_ema_and_resizes(tmp_path):
     assert set(report.dropped) == {"head.weight", "head.bias"} and not report.missing
     out = torch.load(tmp_path / "out.pth", weights_only=True)["model"]
     assert out["pos_embed"].shape == (1, 17, 384) and "head.weight" not in out
-    torch.testing.assert_close(out["units.1.blocks.0.attn.qkv.weight"], ema.state_dict()["units.1.blocks.0.attn.qkv.weight"])
+    torch.testing.assert_close(out["units.1.blocks.0.attn.qkv.weight"],
+                               ema.state_dict()["units.1.blocks.0.attn.qkv.weight"])
     # a checkpoint with Python objects is refused safely, and re-saved with --trust
     import argparse as ap
 

@@ -442,7 +442,7 @@ def test_relative_position_attention_with_dropout_takes_autograd_through_the_ker
         assert out.dtype == dtype and out.grad_fn.name() == "_BlockedRelPosAttentionBackward"
         torch.testing.assert_close(out.float(), plain, rtol=0.05, atol=0.05)
         low_grads = torch.autograd.grad(out.float().square().sum(), low)
-        for g, t, ref in zip(low_grads, low, torch.autograd.grad(plain.square().sum(), inputs, retain_graph=True)):
+        for g, _t, ref in zip(low_grads, low, torch.autograd.grad(plain.square().sum(), inputs, retain_graph=True)):
             assert g.dtype == dtype
             assert F.cosine_similarity(g.float().flatten(), ref.flatten(), dim=0) > 0.99
 
@@ -543,8 +543,8 @@ def test_the_gpu_choices_of_kernel_and_blocks_equal_the_cpu_ones(grid, window, b
 
 def test_relative_position_attention_keeps_no_query_by_key_tensor_for_backward():
     """Training memory: the recomputing backward saves tensors of the size of q, k, v and the
-    per-axis terms only, in fp32 and under fp16 / bf16 autocast; autograd through the kernel (attention dropout) saves every block's
-    (heads, queries, keys) bias, which is what the windowed detector used to peak on."""
+    per-axis terms only, in fp32 and under fp16 / bf16 autocast; autograd through the kernel (attention dropout) saves
+    every block's (heads, queries, keys) bias, which is what the windowed detector used to peak on."""
     from srvit_backbones.models.rel_pos import rel_pos_attention
 
     torch.manual_seed(0)

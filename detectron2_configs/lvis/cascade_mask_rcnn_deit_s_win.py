@@ -1,5 +1,5 @@
-"""The DeiT-S baseline with ViTDet's windows, Cascade Mask R-CNN on LVIS v1: ../cascade/cascade_mask_rcnn_deit_s_win.py with ViTDet's
-LVIS settings (common/lvis.py) in each of the three stages' box predictors, as
+"""The DeiT-S baseline with ViTDet's windows, Cascade Mask R-CNN on LVIS v1: ../cascade/cascade_mask_rcnn_deit_s_win.py
+with ViTDet's LVIS settings (common/lvis.py) in each of the three stages' box predictors, as
 lvis/mask_rcnn_deit_s_win.py has them in its one."""
 from ..cascade.cascade_mask_rcnn_deit_s_win import lr_multiplier, model, optimizer, train
 from ..common.lvis import dataloader

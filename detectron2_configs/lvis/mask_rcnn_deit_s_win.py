@@ -1,5 +1,5 @@
-"""The DeiT-S baseline with ViTDet's windows, Mask R-CNN on LVIS v1: ../mask_rcnn_deit_s_win.py (backbone, recipe, layer decay,
-checkpoint) with ViTDet's LVIS settings (common/lvis.py): repeat-factor sampling, LVISEvaluator,
+"""The DeiT-S baseline with ViTDet's windows, Mask R-CNN on LVIS v1: ../mask_rcnn_deit_s_win.py (backbone, recipe, layer
+decay, checkpoint) with ViTDet's LVIS settings (common/lvis.py): repeat-factor sampling, LVISEvaluator,
 1203 classes, sigmoid CE with the federated loss, score threshold 0.02, top 300, LVIS's epochs,
 twice the COCO lr, ViTDet's LVIS eval period."""
 from ..common.lvis import dataloader

@@ -4,7 +4,8 @@ projects/ViTDet/configs/COCO/cascade_mask_rcnn_vitdet_b_100ep.py builds on its M
 The anchor of the cascade detectors' counts and timings:
 
     python tools/count_flops.py --task detection --configs reference/cascade_mask_rcnn_vitdet_b.py cascade/
-    python tools/benchmark.py --detector reference/cascade_mask_rcnn_vitdet_b.py cascade/cascade_mask_rcnn_srvit_s_t3_win.py
+    python tools/benchmark.py --detector reference/cascade_mask_rcnn_vitdet_b.py \\
+        cascade/cascade_mask_rcnn_srvit_s_t3_win.py
 """
 from ..common.cascade_heads import cascade_roi_heads as _cascade_roi_heads
 from ..common.cascade_heads import mask_rcnn_only as _mask_rcnn_only

@@ -1,5 +1,5 @@
-# The DeiT-S baseline with ViTDet's windows, Cascade Mask R-CNN on LVIS v1: the recipe _base_/cascade_mask_rcnn_srvit_sfp_lsj_lvis_v1.py
-# with the backbone of ../mask_rcnn_deit_s_win_lsj.py
+# The DeiT-S baseline with ViTDet's windows, Cascade Mask R-CNN on LVIS v1: the recipe
+# _base_/cascade_mask_rcnn_srvit_sfp_lsj_lvis_v1.py with the backbone of ../mask_rcnn_deit_s_win_lsj.py
 # (a test checks that backbone and pyramid equal that config's)
 _base_ = '../_base_/cascade_mask_rcnn_srvit_sfp_lsj_lvis_v1.py'
 model = dict(backbone=dict(

@@ -42,7 +42,8 @@ test_pipeline = [
 ]
 train_dataloader = dict(batch_size=4, num_workers=0, persistent_workers=False,
                         dataset=dict(data_root=data_root, pipeline=train_pipeline))
-val_dataloader = dict(num_workers=0, persistent_workers=False, dataset=dict(data_root=data_root, pipeline=test_pipeline))
+val_dataloader = dict(num_workers=0, persistent_workers=False,
+                      dataset=dict(data_root=data_root, pipeline=test_pipeline))
 test_dataloader = val_dataloader
 val_evaluator = dict(ann_file=data_root + 'annotations/instances_val2017.json')
 test_evaluator = val_evaluator

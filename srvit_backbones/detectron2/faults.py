@@ -78,5 +78,6 @@ def launch(main, args) -> None:
                              f"stopped; its error is above") from e
         how = f"was killed by signal {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
         raise SRViTError(f"rank {rank} (process {e.error_pid} on machine {args.machine_rank}) {how}: the job is "
-                         f"stopped; continue it with --resume (the last complete checkpoint in train.output_dir)") from e
+                         f"stopped; continue it with --resume (the last complete checkpoint in "
+                         f"train.output_dir)") from e
 

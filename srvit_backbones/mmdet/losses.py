@@ -45,7 +45,8 @@ class FederatedSigmoidCELoss(nn.Module):
     custom_accuracy = True
     use_sigmoid = True
 
-    def __init__(self, image_counts="lvis_v1", num_classes=1203, freq_weight_power=0.5, num_fed_loss_classes=50, loss_weight=1.0):
+    def __init__(self, image_counts="lvis_v1", num_classes=1203, freq_weight_power=0.5, num_fed_loss_classes=50,
+                 loss_weight=1.0):
         super().__init__()
         self.num_classes, self.num_fed_loss_classes, self.loss_weight = num_classes, num_fed_loss_classes, loss_weight
         self.image_counts, self.freq_weight_power = image_counts, freq_weight_power

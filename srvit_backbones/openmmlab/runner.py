@@ -25,5 +25,6 @@ class SRViTRunner(Runner):
         why = amp_without_gpu(self.optim_wrapper) if isinstance(self.optim_wrapper, dict) else None
         if why:
             raise ConfigError(f"{why}: train in fp32, --cfg-options optim_wrapper.type=OptimWrapper (with "
-                              f"tools/train.py's --amp, drop --amp too: it sets optim_wrapper.type after --cfg-options)")
+                              f"tools/train.py's --amp, drop --amp too: it sets optim_wrapper.type after "
+                              f"--cfg-options)")
         return super().train()

@@ -58,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--teacher", default="regnety_160", help="timm teacher model")
     p.add_argument("--teacher-weights", default="", help="local weights file of the teacher")
     p.add_argument("--amp", nargs="?", const="auto", default="auto", choices=PRECISIONS,
-                   help="mixed precision (srvit_backbones.training.amp): auto = fp16 + GradScaler on CUDA, bf16 on a CPU with "
-                        "native bf16 (an error on one without); bf16 / fp16 to choose; none = fp32")
+                   help="mixed precision (srvit_backbones.training.amp): auto = fp16 + GradScaler on CUDA, "
+                        "bf16 on a CPU with native bf16 (an error on one without); bf16 / fp16 to choose; "
+                        "none = fp32")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--grad-checkpointing", action="store_true")
     p.add_argument("--workers", type=int, default=8)

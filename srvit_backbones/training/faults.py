@@ -65,7 +65,9 @@ def atomic_open(path: str, mode: str = "wb"):
             try:
                 yield recorder
             except RuntimeError as e:  # torch.save's writer reports a failed write as "unexpected pos"
-                raise recorder.error or e
+                if recorder.error is None:
+                    raise
+                raise recorder.error from e
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
