@@ -1,7 +1,6 @@
-"""Named SR-ViT variants (paper Table 2), bViT, and their timm registration: after
-``import srvit_backbones``, ``timm.create_model('srvit_s_t3', ...)`` works. No weights are hosted:
-``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))`` loads a file.
-"""
+"""Named SR-ViT variants (paper Table 2), bViT, and their timm registration: after ``import srvit_backbones``,
+``timm.create_model('srvit_s_t3', ...)`` works. No weights are hosted: ``timm.create_model(name, pretrained=True,
+pretrained_cfg_overlay=dict(file=PATH))`` loads a file."""
 from functools import partial
 from typing import Any, Callable, Dict, Optional
 

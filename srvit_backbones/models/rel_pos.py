@@ -1,7 +1,6 @@
 """ViTDet's decomposed relative positions (MViTv2's ``add_decomposed_rel_pos``) as an attention kernel: the tables'
 names and resizing, and the four kernels of ``KERNELS``, chosen by ``choose_kernel`` per device type (docs/models.md;
-docs/performance.md gives the measurements behind the constants).
-"""
+docs/performance.md: the measurements behind the constants)."""
 import contextlib
 import functools
 from typing import List, Optional, Tuple

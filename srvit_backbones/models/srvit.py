@@ -1,7 +1,6 @@
 """SR-ViT: a DeiT-style ViT whose middle blocks are grouped into SoftMoR units (Algorithm 1); every block sits in a
 unit, so feature indices count units. Also bViT (``ordinary_blocks=False``, ``aggregation='last'``, ``step_features``).
-Traceable as timm's ViT is (FX, TorchScript, ``torch.export``): size-dependent Python runs in FX leaf functions.
-"""
+Traceable as timm's ViT is (FX, TorchScript, ``torch.export``): size-dependent Python runs in FX leaves."""
 import math
 from functools import partial
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -260,8 +259,8 @@ class SRViT(nn.Module):
         """Run every recursive unit ``num_steps`` times on the same weights (bViT: any depth).
 
         Raises:
-            ValueError: a unit's parameters depend on T (a router, step transforms), or a block
-                would lack the relative-position tables of its new applications; nothing changes.
+            ValueError: a unit's parameters depend on T (a router, step transforms), or a block would lack the
+                relative-position tables of its new applications; nothing changes.
         """
         schedule = self.schedule.with_num_steps(num_steps)
         for u, unit in enumerate(self.units):
