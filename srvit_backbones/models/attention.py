@@ -1,6 +1,5 @@
-"""One application of a block's attention over the patch grid: timm's ``Attention`` in ViTDet's
-windows or globally, with decomposed relative positions when the block is a ``RelPosAttention``.
-Windows and relative positions work on patch tokens only."""
+"""One application of a block's attention over the patch grid: timm's ``Attention`` in ViTDet's windows or globally,
+with decomposed relative positions when the block is a ``RelPosAttention`` (patch tokens only)."""
 import math
 from typing import Optional, Tuple
 
@@ -20,23 +19,18 @@ torch.fx.wrap("merge_windows")
 
 
 class RelPosAttention(Attention):
-    """timm's ViT ``Attention`` (same parameters and names) plus ViTDet's decomposed relative
-    positions (``add_decomposed_rel_pos``), added to the logits by ``rel_pos_attention``.
+    """timm's ViT ``Attention`` (same parameters and names) plus ViTDet's decomposed relative positions.
 
-    A relative offset means another thing in a window than in the whole grid, so the block holds
-    one zero-initialised (height, width) table pair per extent it is applied at:
-    ``window_rel_pos_{h,w}`` (2 * window_size - 1 rows) and ``global_rel_pos_{h,w}`` (2 * grid - 1
-    rows for the model's ``img_size`` grid; interpolated for other input sizes, as ViTDet does).
-    timm's ``Block(attn_layer=RelPosAttention)`` builds it as ``Attention``; the extents, which a
-    ``Block`` cannot pass on, are given here or by ``add_rel_pos_tables``.
+    An offset means another thing in a window than in the whole grid, so the block holds one zero-initialised (height,
+    width) table pair per extent it is applied at: ``window_rel_pos_{h,w}`` (2 * window_size - 1 rows) and
+    ``global_rel_pos_{h,w}`` (2 * grid - 1 rows for ``img_size``'s grid, interpolated for other sizes, as ViTDet).
+    ``Block(attn_layer=RelPosAttention)`` builds it as ``Attention``; ``add_rel_pos_tables`` then adds the tables.
 
     Args:
-        dim: the token width.
-        num_heads: attention heads.
+        dim, num_heads, kwargs: timm's ``Attention`` arguments.
         window_size: the window of the block's windowed applications (0: it has none).
         global_grid: the patch grid of its global applications (None: it has none).
         rel_pos_kernel: the ``rel_pos.KERNELS`` kernel every call runs (None: ``choose_kernel``'s).
-        kwargs: timm's ``Attention`` arguments.
 
     Raises:
         ValueError: ``rel_pos_kernel`` is not one of ``rel_pos.KERNELS``.
@@ -73,19 +67,9 @@ class RelPosAttention(Attention):
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
                 grid: Optional[Tuple[int, int]] = None, window_size: Optional[int] = None) -> torch.Tensor:
-        """timm ``Attention``'s call, so that ``block(x)`` works on every block (the model calls
-        ``grid_attention`` itself).
-
-        Args:
-            x: (B, h*w, D) patch tokens.
-            attn_mask, is_causal: timm's; refused (a ValueError).
-            grid: the (h, w) patch grid; None: square.
-            window_size: windows of this size, or 0: the whole grid; None: globally where the
-                block has global tables, else in its windows.
-
-        Returns:
-            The (B, h*w, D) output.
-        """
+        """timm ``Attention``'s call on (B, h*w, D) patch tokens, so that ``block(x)`` works on every block: ``grid``
+        defaults to square, ``window_size`` to global where the block has global tables, else its windows; a mask or
+        ``is_causal`` is refused."""
         if attn_mask is not None or is_causal:
             raise ValueError("relative-position attention takes no attention mask and is not causal (token "
                              "merging's bias needs global attention without relative positions)")
@@ -110,22 +94,9 @@ def check_patch_tokens(x: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
 
 def grid_attention(attn: Attention, x: torch.Tensor, grid: Optional[Tuple[int, int]],
                    window_size: int = 0) -> torch.Tensor:
-    """The grid path of a block's attention: timm's ``Attention`` (its result, norms included)
-    within ViTDet's windows or over the whole grid, with decomposed relative positions when
-    ``attn`` is a ``RelPosAttention`` (run by its ``rel_pos_kernel``).
-
-    Args:
-        attn: the block's attention.
-        x: (B, h*w, D) patch tokens.
-        grid: the (h, w) patch grid.
-        window_size: windows of this size (the grid padded to whole windows), or 0: the whole grid.
-
-    Returns:
-        The (B, h*w, D) output.
-
-    Raises:
-        ValueError: no ``grid``, or tokens that do not form it (a class token).
-    """
+    """The grid path of a block's attention: timm's ``Attention`` (norms included) within ViTDet's windows of
+    ``window_size`` (grid padded to whole windows; 0: whole grid) over the (h, w) patch ``grid``, with decomposed
+    relative positions when ``attn`` is a ``RelPosAttention``; a ValueError without a grid or for other tokens."""
     if grid is None:
         raise ValueError("windowed attention and relative positions need the patch grid: call the unit as "
                          "unit(x, grid=(h, w)) (SRViT passes it)")

@@ -1,8 +1,6 @@
-"""``torch.compile`` of the dense-feature path (``SRViT.forward_feature_maps``), the ``compile``
-switch of every framework adapter. Only the backbone is compiled (a detector's heads have
-data-dependent shapes). The compiled function is a module-level one that takes the model, so no
-model holds it: a deep copy (an EMA model) runs its own weights, and models of one shape share a graph.
-"""
+"""``torch.compile`` of the dense-feature path (``SRViT.forward_feature_maps``), the adapters' ``compile`` switch. The
+compiled function is a module-level one that takes the model, so a deep copy (an EMA model) runs its own weights, and
+models of one shape share a graph."""
 import inspect
 from collections.abc import Mapping
 from typing import Callable, Dict, Optional, Sequence, Union
@@ -24,8 +22,7 @@ def compile_options(compile: CompileSetting) -> Optional[Dict]:
         The keyword arguments, or None for eager.
 
     Raises:
-        ValueError: another value, or an argument torch.compile does not take; the message
-            names the accepted values.
+        ValueError: another value, or an argument torch.compile does not take.
     """
     if compile is None or compile is False:
         return None
@@ -52,8 +49,7 @@ _compiled: Dict[str, Callable] = {}
 
 
 def feature_maps_function(options: Optional[Dict]) -> Callable:
-    """``feature_maps``, compiled with ``options`` (``compile_options``'s result; None: eager).
-    One compiled function per setting in the process."""
+    """``feature_maps`` compiled with ``compile_options``'s ``options`` (None: eager), once per setting."""
     if options is None:
         return feature_maps
     key = repr(sorted(options.items()))

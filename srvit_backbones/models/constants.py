@@ -5,17 +5,9 @@ import torch
 
 
 def size_constants(make):
-    """``make`` cached for the process: a GPU would otherwise build the same index every
-    application (with a host-to-device copy and a stream sync where it is made on the host).
-
-    Args:
-        make: a function of hashable arguments (sizes, dtypes, a device) returning tensors.
-
-    Returns:
-        The cached function (with ``cache_clear`` and ``cache_info``): made outside
-        ``inference_mode`` (a tensor first made in evaluation serves a later backward), and anew
-        while ``torch.compile`` traces (a cached tensor would be a graph constant).
-    """
+    """``make`` (a function of hashable sizes, dtypes, a device) cached for the process, so a GPU does not build the
+    same index every application; made outside ``inference_mode`` (a tensor made in evaluation serves a later
+    backward) and anew while ``torch.compile`` traces (a cached tensor would be a graph constant)."""
     @functools.lru_cache(maxsize=None)
     def cached(*args):
         with torch.inference_mode(False):

@@ -1,7 +1,6 @@
-"""Named SR-ViT variants (paper Table 2), bViT, and their timm registration: after
-``import srvit_backbones``, ``timm.create_model('srvit_s_t3', ...)`` works. No weights are hosted:
-``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))`` loads a file.
-"""
+"""Named SR-ViT variants (paper Table 2), bViT, and their timm registration: after ``import srvit_backbones``,
+``timm.create_model('srvit_s_t3', ...)`` works. No weights are hosted: ``timm.create_model(name, pretrained=True,
+pretrained_cfg_overlay=dict(file=PATH))`` loads a file."""
 from functools import partial
 from typing import Any, Callable, Dict, Optional
 
@@ -75,12 +74,8 @@ def create_srvit(variant: str, pretrained: bool = False, **kwargs) -> SRViT:
     Args:
         variant: a name of ``VARIANTS``.
         pretrained: load the weights of ``pretrained_cfg_overlay=dict(file=PATH)``.
-        kwargs: ``SRViT`` arguments overriding the variant's (``num_steps``, ``layout``, ...) or
-            timm's (``features_only``, ``out_indices``, ``pretrained_cfg_overlay``,
-            ``pretrained_strict``: False loads a partial checkpoint).
-
-    Returns:
-        The model (a feature getter with ``features_only``).
+        kwargs: ``SRViT`` arguments overriding the variant's, or timm's (``features_only``, ``out_indices``,
+            ``pretrained_cfg_overlay``, ``pretrained_strict``: False loads a partial checkpoint).
 
     Raises:
         ValueError: an unknown variant or argument values the model refuses.

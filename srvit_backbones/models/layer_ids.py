@@ -13,16 +13,11 @@ _EMBED = ("cls_token", "dist_token", "pos_embed", "patch_embed")
 
 
 def layer_id(name: str, unit_sizes: Sequence[int], prefix: str = "") -> int:
-    """The layer id of a parameter.
+    """The layer id, 0 .. num_layers + 1, of parameter ``name``.
 
     Args:
-        name: the parameter's name.
         unit_sizes: the blocks of every unit (``[1, 4, 3, 2, 1, 1]`` for SR-ViT-S).
-        prefix: the core ``SRViT``'s prefix in ``name`` (e.g. ``backbone.net.srvit.``); names
-            without it are not backbone parameters.
-
-    Returns:
-        The id, 0 .. num_layers + 1.
+        prefix: the core ``SRViT``'s prefix in ``name`` (``backbone.net.srvit.``); names without it are not backbone's.
 
     Raises:
         ValueError: a name of a unit the model does not have.

@@ -1,9 +1,6 @@
-"""Token merging inside a recursive unit: ToMe's bipartite soft matching (Bolya et al., ICLR 2023)
-once at the unit's entry (MergeOver), which saves every step's cost; unmerging at the exit gives
-the next unit the full grid back. Patch tokens split alternately into sets A and B; the ``r`` A
-tokens most similar (cosine) to a B token are averaged into it; attention adds log(size) to every
-key's logits (proportional attention). Prefix tokens are neither merged nor merged into.
-"""
+"""Token merging inside a recursive unit (MergeOver): ToMe's bipartite soft matching (Bolya et al., ICLR 2023) at the
+unit's entry, unmerged at its exit (docs/models.md). Patch tokens split alternately into sets A and B; the ``r`` A
+tokens most similar (cosine) to a B token are averaged into it. Prefix tokens are neither merged nor merged into."""
 import torch
 
 from .rules import check_merge_ratio
@@ -14,11 +11,8 @@ class BipartiteMerge:
 
     Args:
         metric: (B, N, C) features whose cosine similarity decides the matching.
-        ratio: fraction of the patch tokens to remove, 0 <= ratio <= 0.5 (A holds half of them).
+        ratio: fraction of the patch tokens to remove, in [0, 0.5] (else a ValueError).
         num_prefix_tokens: leading tokens that are kept as they are.
-
-    Raises:
-        ValueError: a ratio out of [0, 0.5].
     """
 
     def __init__(self, metric: torch.Tensor, ratio: float, num_prefix_tokens: int = 0):
@@ -51,8 +45,8 @@ class BipartiteMerge:
         return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, N, C) -> (B, N - r, C): the prefix tokens, the kept A tokens, then the B tokens
-        averaged with those merged into them (every entry token stands for itself: sum / size)."""
+        """(B, N, C) -> (B, N - r, C): the prefix tokens, the kept A tokens, then the B tokens averaged with those
+        merged into them."""
         return self._sum(x) / self.size.to(x.dtype)
 
     def _sum(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,20 +1,6 @@
-"""ViTDet's decomposed relative positions (MViTv2's ``add_decomposed_rel_pos``) as an attention
-kernel: the tables' names and resizing, and four ways to attend with them (``KERNELS``):
-
-- ``blocked``: the bias expanded block by block of query rows (SDPA with the block's bias as its
-  mask, or matmul-softmax-matmul), with a backward that recomputes each block's probabilities:
-  no (queries, keys) tensor is kept at any grid size (the CPU's kernel);
-- ``folded``: the bias folded into the dot product, q' = [q * scale, terms_h, terms_w] against
-  k' = [k, onehot(row j), onehot(col j)], one SDPA call with ``scale=1`` and no mask, so that it
-  runs on CUDA's fused kernels in training (the GPU's kernel);
-- ``bias``: SDPA with the whole bias of whole (image, head) maps, differentiated by autograd,
-  in ``bias_calls`` calls (checkpointed beyond GPU_BIAS_ELEMENTS);
-- ``flex``: ``flex_attention`` with a ``score_mod`` adding the per-axis terms (kept in float32).
-
-``choose_kernel`` picks by device type (so the GPU's choices run on the CPU with
-``device_type='cuda'``); a caller forces one per call with ``kernel=`` (a model with
-``SRViT(rel_pos_kernel=...)``). docs/performance.md gives the measurements behind the constants.
-"""
+"""ViTDet's decomposed relative positions (MViTv2's ``add_decomposed_rel_pos``) as an attention kernel: the tables'
+names and resizing, and the four kernels of ``KERNELS``, chosen by ``choose_kernel`` per device type (docs/models.md;
+docs/performance.md: the measurements behind the constants)."""
 import contextlib
 import functools
 from typing import List, Optional, Tuple
@@ -44,8 +30,8 @@ KERNELS = ("blocked", "folded", "bias", "flex")
 #: the head dims of CUDA's fused SDPA kernels are multiples of this
 FUSED_HEAD_DIM_ALIGNMENT = 8
 
-#: the largest q.k head dim with which the ``folded`` kernel keeps v at its own head dim (cuDNN's
-#: training limit); beyond, v is zero-padded to the q.k head dim (flash's rule)
+#: the largest q.k head dim at which ``folded`` keeps v at its own head dim (cuDNN's training limit); beyond, v is
+#: zero-padded to the q.k head dim (flash's rule)
 FOLDED_OWN_V_MAX_HEAD_DIM = 128
 
 #: the names of the relative-position tables of a ``RelPosAttention`` (one (h, w) pair per extent)
@@ -56,8 +42,7 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def autocast_off(device_type: str):
-    """Autocast switched off for ``device_type``; a null context on a device type without
-    autocast (meta tensors, on which whole models run shapes only)."""
+    """Autocast off for ``device_type``; a null context on a device type without autocast (meta tensors)."""
     if torch.amp.is_autocast_available(device_type):
         return torch.autocast(device_type=device_type, enabled=False)
     return contextlib.nullcontext()
@@ -69,16 +54,8 @@ def is_rel_pos(name: str) -> bool:
 
 
 def resize_rel_pos(table: torch.Tensor, length: int) -> torch.Tensor:
-    """Resize a relative-position table as detectron2's / timm's ``get_rel_pos`` does at run time.
-
-    Args:
-        table: an (L, C) table.
-        length: the rows wanted.
-
-    Returns:
-        The (length, C) table, linearly interpolated (the table itself where L == length), so
-        that a table resized at load time gives the bias the original gives.
-    """
+    """Resize an (L, C) table to ``length`` rows as detectron2's / timm's ``get_rel_pos`` does at run time (linear; the
+    table itself where L == length), so that a table resized at load time gives the original's bias."""
     if table.shape[0] == length:
         return table
     resized = F.interpolate(table.T.unsqueeze(0).to(torch.promote_types(table.dtype, torch.float32)),
@@ -97,15 +74,8 @@ _cached_offsets = size_constants(_offsets)
 
 
 def rel_pos_lookup(size: int, table: torch.Tensor) -> torch.Tensor:
-    """timm's / ViTDet's ``get_rel_pos`` for equal query and key sizes.
-
-    Args:
-        size: the extent along one axis.
-        table: its (L, C) table, resized to 2 * size - 1 rows where L differs.
-
-    Returns:
-        The (size, size, C) table rows of every (query, key) offset.
-    """
+    """timm's / ViTDet's ``get_rel_pos`` for equal query and key sizes: the (size, size, C) rows of every (query, key)
+    offset, the table resized to 2 * size - 1 rows where it differs."""
     return resize_rel_pos(table, 2 * size - 1)[_cached_offsets(size, table.device)]
 
 
@@ -113,9 +83,8 @@ QueryBlock = Tuple[slice, slice]
 
 
 def _query_blocks(batch: int, heads: int, rows: int, row_len: int, keys: int, budget: int) -> List[QueryBlock]:
-    """(image, grid-row) slices of blocks whose (images, heads, rows * row_len, keys) scores
-    hold at most ``budget`` elements: groups of whole images where they fit, else groups of
-    grid rows across as many images as fit (at least one row of every head)."""
+    """(image, grid-row) slices of blocks of at most ``budget`` (images, heads, rows * row_len, keys) scores: whole
+    images where they fit, else grid rows across as many images as fit (at least one row of every head)."""
     per_row = heads * row_len * keys
     if rows * per_row <= budget:
         step = max(1, budget // (rows * per_row))
@@ -127,15 +96,13 @@ def _query_blocks(batch: int, heads: int, rows: int, row_len: int, keys: int, bu
 
 
 def _scratch(like: torch.Tensor, blocks: List[QueryBlock], heads: int, row_len: int, keys: int) -> torch.Tensor:
-    """One flat buffer for every block's scores, reused: a fresh large block each time is
-    mapped and faulted in anew by glibc."""
+    """One flat buffer for every block's scores, reused: glibc maps a fresh large block anew each time."""
     return like.new_empty(max((b.stop - b.start) * (r.stop - r.start) for b, r in blocks) * heads * row_len * keys)
 
 
 def _bias(terms_h: torch.Tensor, terms_w: torch.Tensor, block: QueryBlock,
           scratch: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The (images, heads, queries, keys) bias of a block: the height term + the width term
-    over the key grid; written into ``scratch`` where given (outside autograd)."""
+    """The (images, heads, queries, keys) bias of a block; written into ``scratch`` where given (outside autograd)."""
     bs, rs = block
     rows_h, rows_w = terms_h[bs, :, rs, :, :, None], terms_w[bs, :, rs, :, None, :]
     b, heads, rows, q_w, k_h, _ = rows_h.shape
@@ -147,8 +114,7 @@ def _bias(terms_h: torch.Tensor, terms_w: torch.Tensor, block: QueryBlock,
 
 
 def _scores_over_bias(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """softmax's input, q.k / sqrt(C) + bias, computed in place over the (consumed) ``bias``
-    buffer, which then holds the scores: no second (queries, keys) tensor."""
+    """q.k / sqrt(C) + bias computed in place over the (consumed) ``bias`` buffer: no second (queries, keys) tensor."""
     b, heads, n, C = q.shape
     scores = bias.view(b * heads, n, -1)
     scores.baddbmm_(q.reshape(b * heads, n, C), k.transpose(-2, -1).reshape(b * heads, C, -1), alpha=C ** -0.5)
@@ -156,11 +122,7 @@ def _scores_over_bias(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> t
 
 
 def check_kernel(kernel: Optional[str]) -> Optional[str]:
-    """``kernel`` unchanged if it is one of ``KERNELS`` or None (the device type's choice).
-
-    Raises:
-        ValueError: another name; the message names the kernels.
-    """
+    """``kernel`` if it is one of ``KERNELS`` or None (the device type's choice), else a ValueError naming them."""
     if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"unknown relative-position kernel {kernel!r}: choose one of {KERNELS}, or None for the "
                          f"default choice (choose_kernel)")
@@ -168,15 +130,11 @@ def check_kernel(kernel: Optional[str]) -> Optional[str]:
 
 
 def choose_kernel(device_type: str, kernel: Optional[str] = None) -> str:
-    """The kernel of one attention call.
+    """The kernel of one attention call: ``kernel`` if given, else ``blocked`` on the CPU, ``folded`` elsewhere.
 
     Args:
         device_type: the device type the call runs on, or runs the choices of ('cuda' on CPU tensors).
-        kernel: one of ``KERNELS`` to force, or None for the device type's: ``blocked`` on the
-            CPU (tuned there), ``folded`` elsewhere (no mask: CUDA's fused kernels train).
-
-    Returns:
-        The kernel's name.
+        kernel: one of ``KERNELS`` to force, or None.
 
     Raises:
         ValueError: ``kernel`` is not one of ``KERNELS``.
@@ -185,17 +143,8 @@ def choose_kernel(device_type: str, kernel: Optional[str] = None) -> str:
 
 
 def bias_calls(maps: int, queries: int, keys: int, budget: int = GPU_BIAS_ELEMENTS) -> int:
-    """How many SDPA calls the ``bias`` kernel makes.
-
-    Args:
-        maps: the (images x heads) attention maps.
-        queries, keys: the size of one map.
-        budget: the most bias elements per call.
-
-    Returns:
-        One while the whole bias fits ``budget`` (autograd keeps it), else as few calls of
-        whole maps as fit it (each checkpointed), at least one map per call.
-    """
+    """How many SDPA calls the ``bias`` kernel makes for ``maps`` (images x heads) maps of (queries, keys): one while
+    the whole bias fits ``budget``, else as few calls of whole maps as fit it (one map at least)."""
     return -(-maps // max(1, budget // (queries * keys)))
 
 
@@ -208,22 +157,19 @@ def blocks_take_sdpa(device_type: str, dtype: torch.dtype, keys: int, dropout_p:
 
 
 def default_block_elements(device_type: str, sdpa: bool) -> int:
-    """The score block of a pass that is not given one: cache-sized for matmul-softmax-matmul
-    on the CPU, SDPA_BLOCK_ELEMENTS for SDPA and on any other device (fewer launches)."""
+    """The score block of a pass not given one: cache-sized for the CPU's matmuls, else SDPA_BLOCK_ELEMENTS."""
     return SDPA_BLOCK_ELEMENTS if sdpa or device_type != "cpu" else MATMUL_BLOCK_ELEMENTS
 
 
 def backward_dtype(device_type: str, dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the recomputing backward's matmuls: the inputs' own on a GPU (tensor cores),
-    float32 for fp16 / bf16 on the CPU, whose low-precision matmuls are slow."""
+    """The recomputing backward's matmul dtype: the inputs' on a GPU, float32 for fp16 / bf16 on the CPU."""
     return torch.float32 if device_type == "cpu" and dtype in LOW_PRECISION else dtype
 
 
 def _blocked_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms_h: torch.Tensor,
                      terms_w: torch.Tensor, budget: Optional[int], device_type: str, dropout_p: float = 0.0,
                      autograd: bool = False) -> torch.Tensor:
-    """The output block by block, in the inputs' dtype; with ``autograd``, differentiable by
-    autograd (each block's bias a tensor of its own instead of the reused buffer)."""
+    """The output block by block; with ``autograd``, each block's bias a tensor of its own (not the buffer)."""
     B, heads, N, _ = q.shape
     q_h, q_w = terms_h.shape[2:4]
     keys = k.shape[2]
@@ -243,11 +189,8 @@ def _blocked_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms_h:
 
 
 class _BlockedRelPosAttention(torch.autograd.Function):
-    """The ``blocked`` kernel's training form: it keeps q, k, v, the per-axis terms and the
-    output, no (queries, keys) tensor, and recomputes each block's probabilities in ``backward``,
-    as FlashAttention does (autograd through SDPA with a bias would keep every block's bias).
-    Its inputs have one dtype (``rel_pos_attention`` casts them); autocast is off in both passes,
-    the backward's matmuls run in ``backward_dtype`` and the gradients return in the inputs' dtype."""
+    """The ``blocked`` kernel's training form: it keeps q, k, v, the per-axis terms and the output, and recomputes each
+    block's probabilities in ``backward`` (as FlashAttention does). Inputs of one dtype; autocast off in both passes."""
 
     @staticmethod
     def forward(ctx, q, k, v, terms_h, terms_w, budget: Optional[int], device_type: str):
@@ -272,10 +215,8 @@ class _BlockedRelPosAttention(torch.autograd.Function):
 
 
 def _blocked_backward(q, k, v, terms_h, terms_w, out, grad_out, budget: Optional[int], device_type: str):
-    """The gradients of q, k, v and the per-axis terms, block by block, each block's
-    probabilities recomputed from q, k and the terms. Matmuls run in the inputs' dtype; for
-    fp16 / bf16 inputs the probabilities, their gradient and the terms' gradients are float32
-    (FlashAttention's split), cast down only to enter a matmul."""
+    """The gradients of q, k, v and the per-axis terms, block by block, the probabilities recomputed; for fp16 / bf16
+    the probabilities and the terms' gradients are float32 (FlashAttention's split)."""
     B, heads, N, C = q.shape
     q_h, q_w, k_h = terms_h.shape[2:]
     keys = k.shape[2]
@@ -310,8 +251,7 @@ def _blocked_backward(q, k, v, terms_h, terms_w, out, grad_out, budget: Optional
         dk[bs].view(b * h, keys, C).baddbmm_(dscores_bmm.transpose(1, 2), q_c.reshape(b * h, n, C),
                                              beta=int(accumulate), alpha=C ** -0.5)
         dscores = dscores.view(b, h, rs.stop - rs.start, q_w, k_h, -1)
-        # summed, then copied: a block of grid rows is a strided slice, and an ``out=`` into one
-        # breaks torch.compile's graph
+        # summed, then copied: an ``out=`` into a strided slice breaks torch.compile's graph
         dterms_h[bs, :, rs] = dscores.sum(-1)
         dterms_w[bs, :, rs] = dscores.sum(-2)
     return dq, dk, dv, dterms_h, dterms_w
@@ -319,18 +259,15 @@ def _blocked_backward(q, k, v, terms_h, terms_w, out, grad_out, budget: Optional
 
 def _sdpa_with_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms_h: torch.Tensor,
                     terms_w: torch.Tensor) -> torch.Tensor:
-    """One SDPA call over (..., queries, C) maps with their whole (..., queries, keys) bias, the
-    height term + the width term over the key grid."""
+    """One SDPA call over (..., queries, C) maps with their whole (..., queries, keys) bias."""
     bias = (terms_h[..., None] + terms_w[..., None, :]).flatten(-2).flatten(-3, -2)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
 
 def _whole_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms_h: torch.Tensor,
                           terms_w: torch.Tensor, budget: int, needs_grad: bool) -> torch.Tensor:
-    """The ``bias`` kernel in ``bias_calls`` calls: one call with the whole bias, which autograd
-    differentiates and keeps; or the (image, head) maps split into a few calls of whole maps
-    (4D, as SDPA's fused kernels take them), each checkpointed in training (the backward
-    rebuilds its bias and reruns it: SDPA's memory-efficient kernel keeps the bias it is given)."""
+    """The ``bias`` kernel in ``bias_calls`` calls of whole (image, head) maps, each checkpointed in training where
+    there are several (SDPA's memory-efficient kernel keeps the bias it is given)."""
     B, heads, N, C = q.shape
     maps = B * heads
     calls = bias_calls(maps, N, k.shape[2], budget)
@@ -347,17 +284,8 @@ def _whole_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ter
 
 
 def folded_head_dims(head_dim: int, size: Tuple[int, int]) -> Tuple[int, int]:
-    """The head dims of the ``folded`` kernel's SDPA call.
-
-    Args:
-        head_dim: the channels per head.
-        size: the (h, w) grid attended over.
-
-    Returns:
-        (q.k, v) head dims: q.k carries the channels and one term per key row and key column,
-        aligned to FUSED_HEAD_DIM_ALIGNMENT; v keeps its own (aligned) head dim up to
-        FOLDED_OWN_V_MAX_HEAD_DIM, beyond which it takes the q.k head dim.
-    """
+    """(q.k, v) head dims of the ``folded`` kernel's SDPA call: q.k carries the channels and one term per key row and
+    key column, aligned; v keeps its own aligned head dim up to FOLDED_OWN_V_MAX_HEAD_DIM, beyond it q.k's."""
     def align(n):
         return -(-n // FUSED_HEAD_DIM_ALIGNMENT) * FUSED_HEAD_DIM_ALIGNMENT
 
@@ -367,12 +295,9 @@ def folded_head_dims(head_dim: int, size: Tuple[int, int]) -> Tuple[int, int]:
 
 def _folded_constants(head_dim: int, size: Tuple[int, int], qk_dim: int, dtype: torch.dtype,
                       table_dtype: torch.dtype, device: torch.device):
-    """What the ``folded`` kernel needs of a grid besides q, k, v and the tables, made from sizes
-    alone: the gather index that turns q @ [scale * I | R_h^T | R_w^T | 0] into q' (the channels,
-    then for each key row r the table row of offset row(i) - r, for each key column c that of
-    col(i) - c, then the zero column for the padding), (queries, qk_dim); the keys' one-hots of
-    row and column, zero-padded, (keys, qk_dim - head_dim), in the keys' ``dtype``; and
-    [scale * I] and [0], the projection's constant blocks, in the tables' ``table_dtype``."""
+    """The ``folded`` kernel's constants of a grid: the gather index that turns q @ [scale * I | R_h^T | R_w^T | 0] into
+    q' (queries, qk_dim); the keys' zero-padded row and column one-hots (keys, qk_dim - head_dim) in ``dtype``; and the
+    projection's constant blocks [scale * I] and [0] in ``table_dtype``."""
     h, w = size
     rows, cols = torch.arange(h, device=device), torch.arange(w, device=device)
     row_of, col_of = rows.repeat_interleave(w), cols.repeat(h)  # token n's row and column
@@ -394,9 +319,7 @@ _cached_folded_constants = size_constants(_folded_constants)
 
 def _folded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos_h: torch.Tensor,
                       rel_pos_w: torch.Tensor, size: Tuple[int, int], dropout_p: float) -> torch.Tensor:
-    """The ``folded`` kernel: q' from one matmul of q with [scale * I | R_h^T | R_w^T | 0] (the
-    resized tables in q's dtype) and one gather, so the tables are never looked up per (query,
-    key) pair; the gradients of q and the tables flow back through the gather and the matmul."""
+    """The ``folded`` kernel: q' from one matmul of q with [scale * I | R_h^T | R_w^T | 0] and one gather."""
     B, heads, N, C = q.shape
     qk_dim, v_dim = folded_head_dims(C, size)
     tables = [resize_rel_pos(t, 2 * n - 1) for t, n in zip((rel_pos_h, rel_pos_w), size)]
@@ -420,8 +343,7 @@ def _flex_attention(compiled: bool):
 
 def _flex_rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms_h: torch.Tensor,
                             terms_w: torch.Tensor, device_type: str) -> torch.Tensor:
-    """The ``flex`` kernel: the per-axis terms added in ``flex_attention``'s ``score_mod``
-    (gradients reach them on a GPU; flex has no backward on the CPU, where it runs eagerly)."""
+    """The ``flex`` kernel: the per-axis terms added in ``score_mod`` (no backward on the CPU, where it is eager)."""
     B, heads, N, _ = q.shape
     k_w = terms_w.shape[-1]
     rows, cols = terms_h.reshape(B, heads, N, -1), terms_w.reshape(B, heads, N, -1)
@@ -433,9 +355,8 @@ def _flex_rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t
 
 
 def attention_dtype(device_type: str, *tensors: torch.Tensor) -> torch.dtype:
-    """The dtype attention computes in: autocast's for the device where it is on (as
-    ``F.scaled_dot_product_attention`` would be cast), else the inputs' promoted dtype (a
-    ``q_norm`` LayerNorm gives float32 q and k next to an fp16 v under CUDA autocast)."""
+    """The dtype attention computes in: autocast's where it is on, else the inputs' promoted dtype (a ``q_norm``
+    LayerNorm gives float32 q and k next to an fp16 v under CUDA autocast)."""
     if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     dtype = tensors[0].dtype
@@ -449,19 +370,17 @@ def rel_pos_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos
                       rel_pos_w: torch.Tensor, size: Tuple[int, int], dropout_p: float = 0.0,
                       block_elements: Optional[int] = None, device_type: Optional[str] = None,
                       kernel: Optional[str] = None) -> torch.Tensor:
-    """Attention over the tokens of a grid with ViTDet's decomposed relative positions: the bias
-    of query i and key j is q_i . R_h[row_i - row_j] + q_i . R_w[col_i - col_j]. A leaf for FX
-    (the blocks are a Python loop over the grid's size).
+    """Attention over a grid's tokens with ViTDet's decomposed relative positions (the bias of query i and key j is
+    q_i . R_h[row_i - row_j] + q_i . R_w[col_i - col_j]). A leaf for FX.
 
     Args:
-        q, k, v: (B, heads, h*w, C) tokens, cast to ``attention_dtype`` (autocast's where it is on).
+        q, k, v: (B, heads, h*w, C) tokens, cast to ``attention_dtype``.
         rel_pos_h, rel_pos_w: the (height, width) tables, resized where their length differs.
         size: the (h, w) grid.
         dropout_p: attention dropout (``bias`` and ``flex`` leave such calls to ``blocked``).
-        block_elements: the most scores of a ``blocked`` block (default ``default_block_elements``)
-            or bias elements of a ``bias`` call (default GPU_BIAS_ELEMENTS).
-        device_type: the device type whose choices of kernel and block size apply (default: the
-            inputs'; 'cuda' on CPU tensors runs the GPU's choices on the CPU).
+        block_elements: the most scores of a ``blocked`` block (default ``default_block_elements``) or bias elements
+            of a ``bias`` call (default GPU_BIAS_ELEMENTS).
+        device_type: whose kernel and block choices apply (default: the inputs'; 'cuda' on CPU tensors).
         kernel: one of ``KERNELS``, or None for ``choose_kernel``'s.
 
     Returns:

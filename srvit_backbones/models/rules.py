@@ -36,8 +36,7 @@ def check_merge_ratio(ratio) -> float:
 
 
 def check_merging_allowed(windowed: bool, rel_pos: bool, what: str = "token merging") -> None:
-    """A ValueError where ``what`` meets windows or relative positions: merged tokens no longer
-    form the patch grid those are defined on."""
+    """A ValueError where ``what`` meets windows or relative positions (merged tokens no longer form the grid)."""
     if windowed or rel_pos:
         raise ValueError(f"{what} needs global attention without relative positions: merged tokens no longer form "
                          f"the patch grid that windows and relative offsets are defined on; use window_size=0 and "

@@ -1,8 +1,6 @@
-"""The schedule of block applications: which block of which unit runs at which recursion step,
-with which drop-path rate, windowed or global. Built once from the model's arguments, it is the
-model's one statement of its depth, windows, feature points and recursive units. Applications
-are numbered in model order, step-major within a unit (the order of the drop-path schedule and
-of ``global_attn_indexes``)."""
+"""The schedule of block applications: which block of which unit runs at which recursion step, with which drop-path
+rate, windowed or global; the model's one statement of its depth, windows, feature points and recursive units.
+Applications are numbered in model order, step-major within a unit (as drop-path rates and ``global_attn_indexes``)."""
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -73,8 +71,7 @@ class Schedule:
 
     @property
     def default_feature_indices(self) -> Tuple[int, ...]:
-        """The features dense heads take by default (``default_out_indices``; of a pruned model
-        those it still has; with ``step_features`` the quarters of the steps it runs)."""
+        """The features dense heads take by default (``default_out_indices``; of a pruned model those it still has)."""
         if self.step_features:
             return quarter_indices(len(self.features))
         defaults = default_out_indices(self.layout, self.num_steps, self.ordinary_blocks)
@@ -82,10 +79,8 @@ class Schedule:
 
     @property
     def default_global_indexes(self) -> Tuple[int, ...]:
-        """The applications that stay global by default with windows: the first of every unit (with
-        ``step_features``, step) that feeds the dense heads, and the model's last (``last_feat``).
-        ViTDet's rule for the DeiT layout; a recursive unit's first, so that every step the router
-        mixes has attended globally once (docs/models.md)."""
+        """The applications that stay global by default with windows: the first of every unit (or step) that feeds the
+        dense heads, and the model's last (``last_feat``); ViTDet's rule for the DeiT layout (docs/models.md)."""
         first = {}
         for a in self.applications:
             first.setdefault((a.unit, a.step), a.index)
@@ -93,14 +88,12 @@ class Schedule:
         return tuple(sorted(outs | {self.depth - 1}))
 
     def extents(self, unit: int, block: int) -> Tuple[int, bool]:
-        """(window size of the block's windowed applications or 0, whether it has a global one):
-        the relative-position tables the block needs."""
+        """(window of the block's windowed applications or 0, whether it has a global one): the tables it needs."""
         own = [a.window_size for a in self.applications if a.unit == unit and a.block == block]
         return max(own), not all(own)
 
     def restricted(self, plan: Plan) -> "Schedule":
-        """The schedule of a model cut to ``plan`` (fewer units, fewer steps in the last one): the
-        applications and feature points that still run, with the whole model's rates and windows."""
+        """The schedule of a model cut to ``plan``: the applications and feature points that still run."""
         plan = tuple(plan)
 
         def runs(unit: int, step: int) -> bool:  # step -1: the unit's output
@@ -111,8 +104,7 @@ class Schedule:
                                    features=tuple((u, t) for u, t in self.features if runs(u, t)))
 
     def with_num_steps(self, num_steps: int) -> "Schedule":
-        """The schedule of the same units run ``num_steps`` times each (``SRViT.set_num_steps``):
-        rates and default global applications of the new depth; a ValueError where the global
+        """The same units run ``num_steps`` times each (``SRViT.set_num_steps``); a ValueError where the global
         applications were given explicitly or the model is pruned (they number another depth)."""
         check_num_steps(num_steps)
         if self.window_size and (self.pruned or not self.default_global):
@@ -123,23 +115,20 @@ class Schedule:
 
 
 def unit_plan(layout: Sequence[int], num_steps: int, ordinary_blocks: bool = True) -> List[Tuple[int, int]]:
-    """(blocks K, steps T) of every unit: the ordinary first block, the recursive units, the
-    ordinary last block (without ``ordinary_blocks``: the recursive units only)."""
+    """(K, T) of every unit: the ordinary first block, the recursive units, the ordinary last block (if any)."""
     units = [(k, num_steps) for k in layout]
     return [(1, 1)] + units + [(1, 1)] if ordinary_blocks else units
 
 
 def feature_points(plan: Plan, step_features: bool) -> List[Tuple[int, int]]:
-    """(unit, step) of every feature index: each unit's output (step -1), or with
-    ``step_features`` each step of each unit (0-based)."""
+    """(unit, step) of every feature index: each unit's output (step -1), or each step with ``step_features``."""
     if step_features:
         return [(u, t) for u, (_, steps) in enumerate(plan) for t in range(steps)]
     return [(u, -1) for u in range(len(plan))]
 
 
 def quarter_indices(num_features: int) -> Tuple[int, ...]:
-    """The features at 1/4, 1/2, 3/4 and the end of ``num_features``, rounded up (0-based: 2, 5,
-    8, 11 of 12; 1, 2, 4, 5 of 6)."""
+    """The features at 1/4, 1/2, 3/4 and the end of ``num_features``, rounded up (0-based: 2, 5, 8, 11 of 12)."""
     return tuple(sorted({math.ceil(num_features * q / 4) - 1 for q in (1, 2, 3, 4)}))
 
 
@@ -155,8 +144,8 @@ def default_out_indices(layout: Sequence[int], num_steps: int = 1, ordinary_bloc
         layout, num_steps, ordinary_blocks, step_features: the model's (``SRViT``'s).
 
     Returns:
-        The recursive units, where there are at most DENSE_LEVELS (SR-ViT); else the features
-        at the quarters of the network, ViTDet's rule (DeiT's layers, bViT's steps 3/6/9/12).
+        The recursive units where there are at most DENSE_LEVELS (SR-ViT), else the features at the quarters of the
+        network, ViTDet's rule (DeiT's layers, bViT's steps 3/6/9/12).
     """
     plan = unit_plan(layout, num_steps, ordinary_blocks)
     if step_features:
@@ -185,9 +174,6 @@ def build_schedule(layout: Sequence[int], num_steps: int, ordinary_blocks: bool 
         window_size: windows of every application but the global ones; 0: all global.
         global_attn_indexes: the global applications; None: ``Schedule.default_global_indexes``.
 
-    Returns:
-        The ``Schedule``.
-
     Raises:
         ValueError: T < 1, a negative window, or a global index out of range.
     """
@@ -200,8 +186,7 @@ def build_schedule(layout: Sequence[int], num_steps: int, ordinary_blocks: bool 
 
 
 def _laid_out(schedule: Schedule, plan: Plan, global_attn_indexes: Optional[List[int]]) -> Schedule:
-    """``schedule`` with the applications and features of ``plan``: all global first, then the
-    windows (which may depend on the default global applications of that structure)."""
+    """``schedule`` with the applications and features of ``plan``: all global first, then the windows."""
     plan = tuple((k, t) for k, t in plan)
     depth = sum(k * t for k, t in plan)
     wrong = [i for i in global_attn_indexes or () if not is_int_in(i, 0, depth)]

@@ -1,6 +1,5 @@
-"""The SoftMoR unit (paper Algorithm 1): K shared blocks applied for T recursion steps, mixed
-token-wise by a soft router computed on the unit's input. Traceable with FX, TorchScript (global
-attention) and torch.export."""
+"""The SoftMoR unit (paper Algorithm 1): K shared blocks applied for T recursion steps, mixed token-wise by a soft
+router computed on the unit's input."""
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -21,21 +20,16 @@ AGGREGATIONS = ("soft", "hard", "last")
 def apply_block(block: nn.Module, x: torch.Tensor, drop_prob: float, training: bool,
                 grid: Optional[Tuple[int, int]] = None, window_size: int = 0,
                 attn_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """One application of a timm ViT ``Block`` (built with drop_path=0): a shared block runs at
-    several depths, so its drop-path rate and window belong to the application. With
-    ``drop_prob=0`` and global attention this is exactly ``block(x)``.
+    """One application of a timm ViT ``Block`` (built with drop_path=0): a shared block runs at several depths, so its
+    drop-path rate and window belong to the application. With ``drop_prob=0`` and global attention: ``block(x)``.
 
     Args:
-        block: the block.
         x: (B, N, D) tokens.
         drop_prob: the application's stochastic-depth rate.
         training: whether drop-path is active.
         grid: the (h, w) patch grid, for windows and relative positions (``attention.grid_attention``).
         window_size: the application's window; 0: global attention.
         attn_bias: token merging's proportional attention, timm ``Attention``'s ``attn_mask``.
-
-    Returns:
-        The (B, N, D) output.
 
     Raises:
         ValueError: an ``attn_bias`` with windows or relative positions.
@@ -66,26 +60,20 @@ def router_softmax(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) ->
 
 
 class SoftMoRUnit(nn.Module):
-    """K distinct blocks applied T times, the T step outputs mixed per token.
+    """K distinct blocks applied T times, the T step outputs mixed per token. Windows, relative positions and token
+    merging need the patch grid: ``unit(x, grid=(h, w))``.
 
     Args:
-        blocks: the K blocks (timm ``Block`` modules, built with drop_path=0).
-        applications: K * T ``schedule.Application``s, step-major, each with its drop-path rate
-            and window, as ``Schedule.of_unit`` gives them (a unit of its own:
-            ``build_schedule((K,), T, ordinary_blocks=False).applications``). Windows and
-            relative positions need the unit called with the patch grid, ``unit(x, grid=(h, w))``.
-        aggregation: ``soft`` (the method), ``hard`` (each token keeps its highest-weighted
-            step) or ``last`` (the output of step T, no router).
+        blocks: the K timm ``Block`` modules (built with drop_path=0).
+        applications: K * T ``schedule.Application``s, step-major, as ``Schedule.of_unit`` gives them.
+        aggregation: ``soft`` (the method), ``hard`` (each token's top step) or ``last`` (step T, no router).
         step_transforms: a residual Linear(D, D) before every step after the first.
-        zero_init: router and step transforms start at zero (uniform mixture, identity
-            transforms), else with a small truncated-normal init.
-        token_merge_ratio: merge this fraction of the patch tokens at the unit's entry, run the
-            T steps and the router on them and unmerge at the exit (``merge.BipartiteMerge``);
-            0 (default): off. Needs ``grid`` and global attention without relative positions.
+        zero_init: router and step transforms start at zero (uniform mixture, identity), else truncated-normal.
+        token_merge_ratio: merge this fraction of the patch tokens at the unit's entry (``merge.BipartiteMerge``).
 
     Raises:
-        ValueError: no blocks, an unknown aggregation, applications out of order, or merging
-            with windows or relative positions.
+        ValueError: no blocks, an unknown aggregation, applications out of order, or merging with windows or relative
+            positions.
     """
 
     __jit_ignored_attributes__ = ["applications"]  # Python-side; TorchScript reads the lists derived from it
@@ -140,8 +128,7 @@ class SoftMoRUnit(nn.Module):
 
     @torch.no_grad()
     def reset_recursion_parameters(self, zero_init: bool = True):
-        """Router and step transforms at zero (``zero_init``: a uniform mixture, identity
-        transforms), else a truncated-normal init of std 0.02; biases at zero."""
+        """Router and step transforms at zero (``zero_init``), else truncated-normal of std 0.02; biases at zero."""
         for layer in ([self.router] if self.router is not None else []) + list(self.step_transforms or []):
             if zero_init:
                 nn.init.zeros_(layer.weight)
@@ -157,8 +144,7 @@ class SoftMoRUnit(nn.Module):
         self.token_merge_ratio = ratio
 
     def check_applications(self, applications: Sequence[Application]):
-        """Refuse ``applications`` that these weights cannot run: another T where the parameters
-        depend on T (a router, step transforms), with a ValueError that says so."""
+        """A ValueError for ``applications`` of another T where the parameters depend on T (a router, transforms)."""
         steps = self._steps_of(applications)
         if steps == self.num_steps:
             return
@@ -171,14 +157,12 @@ class SoftMoRUnit(nn.Module):
                              f"cannot change on the same weights; build the model with step_transforms=False")
 
     def set_applications(self, applications: Sequence[Application]):
-        """Run ``applications`` on the same weights: other rates or windows, or another T where
-        the parameters do not depend on it (``check_applications``)."""
+        """Run ``applications`` on the same weights (other rates, windows, or T where ``check_applications`` allows)."""
         self.check_applications(applications)
         self._run(applications)
 
     def truncate(self, applications: Sequence[Application]):
-        """Keep only the steps of ``applications`` (a prefix of the unit's) and their transforms:
-        a backbone whose last feature is an earlier step of a unit without a router."""
+        """Keep only the steps of ``applications`` (a prefix of the unit's) and their transforms."""
         if self.router is not None:
             raise ValueError("a unit with a router mixes all its T steps: its steps cannot be truncated")
         if tuple(applications) != self.applications[:len(applications)]:
@@ -192,8 +176,7 @@ class SoftMoRUnit(nn.Module):
         return len(self.blocks)
 
     def __prepare_scriptable__(self):
-        """``torch.jit.script``'s hook: a unit with windows, relative positions or merging is refused
-        (scripted blocks attend globally: TorchScript cannot pass a block to ``apply_block``)."""
+        """``torch.jit.script``'s hook: refuses windows, relative positions and merging (global attention only)."""
         if any(self.window_sizes) or any(isinstance(b.attn, RelPosAttention) for b in self.blocks):
             raise RuntimeError("TorchScript supports SR-ViT with global attention only (window_size=0, "
                                "use_rel_pos=False); trace a windowed model with torch.fx, or torch.export at a "
@@ -221,8 +204,8 @@ class SoftMoRUnit(nn.Module):
         return z
 
     def _step_input(self, h: torch.Tensor, step: int) -> torch.Tensor:
-        """The input of ``step``: the previous step's output, through its step transform if any
-        (a loop: TorchScript indexes a ModuleList by literals only)."""
+        """The previous step's output through ``step``'s transform if any (a loop: TorchScript indexes a ModuleList by
+        literals only)."""
         if self.step_transforms is not None:
             for i, transform in enumerate(self.step_transforms):
                 if i == step - 1:
@@ -234,17 +217,8 @@ class SoftMoRUnit(nn.Module):
         return router_softmax(x, self.router.weight, self.router.bias)
 
     def forward(self, x: torch.Tensor, return_weights: bool = False, grid: Optional[Tuple[int, int]] = None):
-        """Run the unit.
-
-        Args:
-            x: (B, N, D) tokens.
-            return_weights: also return the (B, N, T) mixture weights applied (one-hot for
-                ``hard``, None for ``last`` or T=1); not under TorchScript (one return type).
-            grid: the patch grid of the tokens, for windows, relative positions and merging.
-
-        Returns:
-            The (B, N, D) output, or (output, weights).
-        """
+        """Run the unit on (B, N, D) tokens over the patch ``grid``; with ``return_weights`` (not under TorchScript),
+        also the (B, N, T) weights applied (one-hot for ``hard``, None for ``last`` or T=1)."""
         if not torch.jit.is_scripting():
             if self.token_merge_ratio > 0:
                 y, applied, _ = self._recur_merged(x, grid, [])
@@ -257,8 +231,7 @@ class SoftMoRUnit(nn.Module):
     @torch.jit.unused
     def forward_steps(self, x: torch.Tensor, steps: List[int],
                       grid: Optional[Tuple[int, int]] = None) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-        """The unit's output and the outputs of the recursion ``steps`` (0-based): features taken
-        inside a unit (bViT's)."""
+        """The unit's output and the outputs of the 0-based recursion ``steps`` (features inside a unit: bViT's)."""
         if self.token_merge_ratio > 0:
             y, _, tapped = self._recur_merged(x, grid, list(steps))
         else:
@@ -267,8 +240,7 @@ class SoftMoRUnit(nn.Module):
 
     def _recur(self, x: torch.Tensor, grid: Optional[Tuple[int, int]], attn_bias: Optional[torch.Tensor],
                taps: List[int]) -> Tuple[torch.Tensor, Optional[torch.Tensor], List[torch.Tensor]]:
-        """The T steps and their mixture: (output, applied weights or None, outputs of the
-        steps in ``taps``)."""
+        """The T steps and their mixture: (output, applied weights or None, outputs of the steps in ``taps``)."""
         tapped: List[torch.Tensor] = []
         if self.router is None:
             h = x
@@ -281,9 +253,8 @@ class SoftMoRUnit(nn.Module):
         alpha = self.router_weights(x)
         applied = alpha
         if self.aggregation == "hard":
-            # Straight-through: the forward value is the argmax step's output (chosen / chosen.detach()
-            # == 1), the router gets the chosen weight's gradient; dividing only the chosen weight
-            # (>= 1/T) keeps a saturated router finite
+            # straight-through: the forward value is the argmax step's output, the router gets the chosen weight's
+            # gradient; dividing only the chosen weight (>= 1/T) keeps a saturated router finite
             index = alpha.argmax(dim=-1, keepdim=True)
             applied = torch.zeros_like(alpha).scatter_(-1, index, 1.0)
             chosen = alpha.gather(-1, index)
@@ -307,8 +278,7 @@ class SoftMoRUnit(nn.Module):
     @torch.jit.unused
     def _recur_merged(self, x: torch.Tensor, grid: Optional[Tuple[int, int]],
                       taps: List[int]) -> Tuple[torch.Tensor, Optional[torch.Tensor], List[torch.Tensor]]:
-        """``_recur`` on merged tokens (matched on the first block's normalised input), with
-        proportional attention through all steps, every output unmerged."""
+        """``_recur`` on merged tokens with proportional attention through all steps, every output unmerged."""
         if grid is None:
             raise ValueError("token merging needs the patch grid to tell prefix tokens from patches: call the "
                              "unit as unit(x, grid=(h, w)) (SRViT passes it)")

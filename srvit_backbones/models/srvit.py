@@ -1,12 +1,6 @@
-"""SR-ViT: a DeiT-style ViT whose middle blocks are grouped into SoftMoR units (paper Algorithm 1).
-
-An ordinary first block, recursive units of decreasing size (R4-R3-R2-R1 for S/B), an ordinary
-last block; every block sits in a unit, so ``model.units[i]`` is the i-th stage and feature
-indices count units. The same module is bViT (``ordinary_blocks=False``, ``aggregation='last'``,
-``step_features``) and runs token merging inside its recursive units (``token_merge_ratio``).
-Traceable as timm's ViT is (FX, TorchScript, ``torch.export`` with dynamic height and width):
-what decides on the input's size in Python is a leaf function for FX.
-"""
+"""SR-ViT: a DeiT-style ViT whose middle blocks are grouped into SoftMoR units (Algorithm 1); every block sits in a
+unit, so feature indices count units. Also bViT (``ordinary_blocks=False``, ``aggregation='last'``, ``step_features``).
+Traceable as timm's ViT is (FX, TorchScript, ``torch.export``): size-dependent Python runs in FX leaves."""
 import math
 from functools import partial
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -41,13 +35,9 @@ def make_layout(organisation: str, num_middle_blocks: int) -> Tuple[int, ...]:
     """Unit sizes for the blocks between the first and last ordinary blocks.
 
     Args:
-        organisation: ``coarse_to_fine`` (n, n-1, ..., 1: 10 blocks -> 4, 3, 2, 1),
-            ``fine_to_coarse`` (the reverse), ``coarse_grained`` (one unit of all) or
-            ``fine_grained`` (units of one).
+        organisation: ``coarse_to_fine`` (n, n-1, ..., 1), ``fine_to_coarse`` (the reverse), ``coarse_grained`` (one
+            unit of all) or ``fine_grained`` (units of one).
         num_middle_blocks: the blocks to lay out (triangular for the first two).
-
-    Returns:
-        The unit sizes.
 
     Raises:
         ValueError: an unknown organisation, or a block count it cannot lay out.
@@ -89,17 +79,8 @@ def serves_as_is(old_grid: List[int], new_grid: List[int]) -> bool:
 
 def resize_pos_embed(grid_tokens: torch.Tensor, old_grid: List[int], new_grid: List[int],
                      mode: str = "bicubic") -> torch.Tensor:
-    """Resize a (1, h*w, D) position table without prefix tokens, at run time (dense inputs)
-    and at load time (checkpoints of another resolution) alike.
-
-    Args:
-        grid_tokens: the table.
-        old_grid, new_grid: its (h, w) grid and the one wanted.
-        mode: the interpolation (timm's ``resample_abs_pos_embed``).
-
-    Returns:
-        The (1, h'*w', D) table.
-    """
+    """Resize a (1, h*w, D) position table without prefix tokens from ``old_grid`` to ``new_grid`` (timm's
+    ``resample_abs_pos_embed`` with ``mode``), at run time (dense inputs) and at load time alike."""
     if serves_as_is(old_grid, new_grid):
         return grid_tokens
     return resample_abs_pos_embed(grid_tokens, new_size=[new_grid[0], new_grid[1]],
@@ -157,44 +138,31 @@ def _check_arguments(embed_dim: int, num_heads: int, weight_init: str, aggregati
 class SRViT(nn.Module):
     """Soft Mixture-of-Recursions Vision Transformer (timm-style model).
 
-    Windowed attention and relative positions are ViTDet's dense-prediction options: with them
-    the model carries no class token (a checkpoint's class-token position is dropped on load),
-    attention and the router see patch tokens only, and the classifier averages them.
+    With windows or relative positions (ViTDet's dense-prediction options) the model carries no class token (a
+    checkpoint's class-token position is dropped on load) and the classifier averages the patch tokens.
 
     Args:
-        img_size, patch_size, in_chans, num_classes, embed_dim, num_heads, mlp_ratio, qkv_bias,
-            drop_rate, proj_drop_rate, attn_drop_rate: as timm's ``VisionTransformer``.
-        global_pool: 'token' (the class token), 'avg' (mean of the patch tokens) or '' (no
-            pooling); None: 'token' if the model carries a class token, else 'avg'.
-        layout: sizes K of the recursive units between the first and last ordinary blocks, or
-            an organisation name (``make_layout``) resolved with ``num_middle_blocks``.
+        img_size, patch_size, in_chans, num_classes, embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate,
+            proj_drop_rate, attn_drop_rate, weight_init: as timm's ``VisionTransformer``.
+        global_pool: 'token', 'avg' or ''; None: 'token' if the model carries a class token, else 'avg'.
+        layout: sizes K of the recursive units, or an organisation name (``make_layout``).
         num_middle_blocks: the blocks an organisation name lays out.
         num_steps: recursion depth T of every recursive unit (T=1: a plain ViT, e.g. DeiT).
         aggregation, step_transforms, zero_init_recursion: see ``SoftMoRUnit``.
         distilled: add a DeiT distillation token and head.
         drop_path_rate: stochastic depth, linear over the effective depth.
         pos_embed_interp: the position table's resize interpolation, at run and at load time.
-        weight_init: timm's ViT init modes: '' (timm), 'jax', 'jax_nlhb', 'moco'.
-        window_size: > 0: ViTDet's windows of this many patches (the grid zero-padded to whole
-            windows) in every block application but the ``global_attn_indexes``; 0: global
-            attention everywhere (the paper's model).
-        global_attn_indexes: the block applications that stay global, numbered over the
-            effective depth (step-major within each unit); None: ``default_global_attn_indexes``.
-        use_rel_pos: ViTDet's decomposed relative positions, zero-initialised, one table pair per
-            block and attention extent (``attention.RelPosAttention``).
-        rel_pos_kernel: with ``use_rel_pos``, the kernel every attention call runs (one of
-            ``rel_pos.KERNELS``, e.g. to time ``bias`` on a GPU); None: ``rel_pos.choose_kernel``'s.
+        window_size: ViTDet's windows of this many patches but in ``global_attn_indexes``; 0: global attention.
+        global_attn_indexes: the global block applications (step-major); None: ``default_global_attn_indexes``.
+        use_rel_pos: ViTDet's decomposed relative positions (``attention.RelPosAttention``).
+        rel_pos_kernel: the ``rel_pos.KERNELS`` kernel of every call; None: ``rel_pos.choose_kernel``'s.
         ordinary_blocks: the ordinary first and last blocks; False for bViT.
-        step_features: feature indices count the recursion steps of every unit instead of the
-            units (bViT: steps 3/6/9/12 of 12); needs ``aggregation='last'``.
-        token_merge_ratio: each recursive unit merges this fraction of the patch tokens at its
-            entry (ToMe's bipartite matching), runs its T steps on them with proportional
-            attention and unmerges at its exit (MergeOver; no retraining). 0 (default): off;
-            at most 0.5; needs global attention without relative positions.
+        step_features: feature indices count recursion steps, not units (bViT); needs ``aggregation='last'``.
+        token_merge_ratio: ToMe merging of this fraction of the patch tokens in each recursive unit (0: off; <= 0.5;
+            global attention without relative positions).
 
     Raises:
-        ValueError: an argument out of its range or options that exclude each other; the
-            message names the argument and the fix.
+        ValueError: an argument out of its range or options that exclude each other.
     """
 
     #: Python-side helpers, not for TorchScript
@@ -253,8 +221,7 @@ class SRViT(nn.Module):
         self.init_weights()
 
     def _blocks(self, unit: int, block: Callable[[], nn.Module]) -> List[nn.Module]:
-        """The unique blocks of ``unit``, each with the relative-position tables of the extents
-        the schedule applies it at (with ``use_rel_pos``)."""
+        """The unique blocks of ``unit``, with the relative-position tables of the extents it is applied at."""
         blocks = [block() for _ in range(self.schedule.plan[unit][0])]
         for j, b in enumerate(blocks):
             if isinstance(b.attn, RelPosAttention):
@@ -263,7 +230,6 @@ class SRViT(nn.Module):
                 b.attn.rel_pos_kernel = self.rel_pos_kernel
         return blocks
 
-    # ----------------------------------------------------------------- the schedule's view
     num_steps = property(lambda self: self.schedule.num_steps, doc="T of every recursive unit")
     layout = property(lambda self: self.schedule.layout, doc="sizes K of the recursive units")
     ordinary_blocks = property(lambda self: self.schedule.ordinary_blocks)
@@ -286,17 +252,15 @@ class SRViT(nn.Module):
                      module=f"units.{u}" if t < 0 else f"units.{u}.step{t}") for u, t in self.schedule.features]
 
     def feature_name(self, index: int) -> str:
-        """The key of feature ``index`` in ``forward_feature_maps``: ``unit{i}``, or ``step{i}``
-        with ``step_features``."""
+        """Key of feature ``index`` in ``forward_feature_maps``: ``unit{i}``, or ``step{i}`` with ``step_features``."""
         return f"step{index}" if self.step_features else f"unit{index}"
 
-    # ----------------------------------------------------------------- recursion depth, merging
     def set_num_steps(self, num_steps: int):
         """Run every recursive unit ``num_steps`` times on the same weights (bViT: any depth).
 
         Raises:
-            ValueError: a unit's parameters depend on T (a router, step transforms), or a block
-                would lack the relative-position tables of its new applications; nothing changes.
+            ValueError: a unit's parameters depend on T (a router, step transforms), or a block would lack the
+                relative-position tables of its new applications; nothing changes.
         """
         schedule = self.schedule.with_num_steps(num_steps)
         for u, unit in enumerate(self.units):
@@ -308,8 +272,7 @@ class SRViT(nn.Module):
         self.schedule = schedule
 
     def _check_rel_pos_tables(self, schedule: Schedule):
-        """Refuse a depth at which a block would be applied at an extent it holds no table for
-        (cannot run), or no longer at one it holds a table for (a parameter without a gradient)."""
+        """Refuse a depth whose applications do not match the extents of each block's relative-position tables."""
         def extents(flags):
             return " and ".join(name for name, on in flags.items() if on) or "no"
 
@@ -343,14 +306,9 @@ class SRViT(nn.Module):
             unit.set_token_merge_ratio(ratio)
         self.token_merge_ratio = ratio
 
-    # ----------------------------------------------------------------- timm conventions
     def init_weights(self, mode: Optional[str] = None, zero_init_recursion: Optional[bool] = None):
-        """(Re-)initialise all weights as timm's ViT does.
-
-        Args:
-            mode: one of WEIGHT_INITS; None: the model's ``weight_init``.
-            zero_init_recursion: None: the model's (a framework calling ``init_weights()`` keeps both).
-        """
+        """(Re-)initialise all weights as timm's ViT does; ``mode`` (one of WEIGHT_INITS) and ``zero_init_recursion``
+        default to the model's (a framework calling ``init_weights()`` keeps both)."""
         mode = self.weight_init if mode is None else mode
         if mode not in WEIGHT_INITS:
             raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {mode!r}")
@@ -425,7 +383,6 @@ class SRViT(nn.Module):
     def set_distilled_training(self, enable: bool = True):
         self.distilled_training = enable
 
-    # ----------------------------------------------------------------- embedding
     pretrain_grid = property(lambda self: tuple(self.patch_embed.grid_size), doc="the patch grid of ``img_size``")
 
     def _pos_embed(self, x: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
@@ -447,7 +404,6 @@ class SRViT(nn.Module):
         x = self.patch_embed(x)
         return self._pos_embed(x, grid), grid
 
-    # ----------------------------------------------------------------- forward
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x, grid = self.embed(x)
         for unit in self.units:
@@ -474,7 +430,6 @@ class SRViT(nn.Module):
     def forward(self, x: torch.Tensor):
         return self.forward_head(self.forward_features(x))
 
-    # ----------------------------------------------------------------- dense features
     def tokens_to_map(self, x: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
         """(B, prefix + h*w, C) -> (B, C, h, w), class/distillation tokens removed."""
         x = x[:, self.num_prefix_tokens:]

@@ -1,6 +1,5 @@
-"""ViTDet's windows over the patch grid (detectron2's ``window_partition`` / ``window_unpartition``:
-the grid padded at the bottom and right to whole windows), cut after the qkv projection so that
-the padding is not projected; ``attention.grid_attention`` uses them."""
+"""ViTDet's windows over the patch grid (detectron2's ``window_partition`` / ``window_unpartition``: the grid padded at
+the bottom and right to whole windows), cut after the qkv projection so that the padding is not projected."""
 from typing import Optional, Tuple
 
 import torch
@@ -10,9 +9,8 @@ from .constants import size_constants
 
 
 def _window_order(grid: Tuple[int, int], window_size: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The two index maps between the (h, w) grid and its windows (ViTDet's order, tokens
-    row-major in each): the token each window position reads (h * w for padding), and the window
-    position each token lands at."""
+    """The two index maps between the (h, w) grid and its windows (ViTDet's order): the token each window position
+    reads (h * w for padding), and the window position each token lands at."""
     h, w = grid
     rows, cols = -(-h // window_size), -(-w // window_size)
     r = torch.arange(rows * window_size, device=device).view(rows, window_size, 1, 1)
@@ -26,8 +24,7 @@ def _window_order(grid: Tuple[int, int], window_size: int, device: torch.device)
 
 
 def _batch_window_order(grid: Tuple[int, int], window_size: int, batch: int, device: torch.device):
-    """``_window_order`` over a batch flattened into one token axis, the padding token last
-    (batch * h * w)."""
+    """``_window_order`` over a batch flattened into one token axis, the padding token last (batch * h * w)."""
     token_of_position, position_of_token = _window_order(grid, window_size, device)
     tokens = grid[0] * grid[1]
     images = torch.arange(batch, device=device)[:, None]
@@ -42,23 +39,9 @@ window_order = size_constants(_batch_window_order)
 @register_notrace_function
 def window_qkv(qkv: torch.Tensor, bias: Optional[torch.Tensor], grid: Tuple[int, int], window_size: int,
                heads: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k and v of every window of ViTDet's padded grid, from the projections of the real tokens.
-
-    ViTDet projects zero padding tokens, whose projection is the qkv bias: here one bias row
-    follows the batch's tokens and every window position reads its row with one ``index_select``
-    (the same windows, the padding not projected). A leaf for FX.
-
-    Args:
-        qkv: (B, h*w, 3 * heads * C) projections.
-        bias: the qkv bias (None: zeros).
-        grid: the (h, w) patch grid.
-        window_size: the window side.
-        heads: attention heads.
-
-    Returns:
-        q, k, v, each (B * windows, heads, window_size**2, C) in ``window_partition``'s order
-        (strided views of one gathered tensor).
-    """
+    """q, k and v, each (B * windows, heads, window_size**2, C), of every window of ViTDet's padded grid, from the
+    (B, h*w, 3 * heads * C) projections of the real tokens: the padding's projection is the qkv ``bias`` (None: zeros),
+    one row after the batch's tokens, and every window position reads its row by one ``index_select``. A leaf for FX."""
     B, N, width = qkv.shape
     h, w = grid
     windows = -(-h // window_size) * -(-w // window_size)
@@ -74,17 +57,8 @@ def window_qkv(qkv: torch.Tensor, bias: Optional[torch.Tensor], grid: Tuple[int,
 
 @register_notrace_function
 def merge_windows(windows: torch.Tensor, grid: Tuple[int, int], window_size: int) -> torch.Tensor:
-    """The inverse of ``window_qkv`` for attention's output (ViTDet's ``window_unpartition``), each
-    token read from its window position by one ``index_select``. A leaf for FX.
-
-    Args:
-        windows: (B * windows, heads, window_size**2, C).
-        grid: the (h, w) patch grid.
-        window_size: the window side.
-
-    Returns:
-        (B, h*w, heads * C), the padding dropped.
-    """
+    """The inverse of ``window_qkv`` for attention's (B * windows, heads, window_size**2, C) output (ViTDet's
+    ``window_unpartition``): (B, h*w, heads * C), the padding dropped, by one ``index_select``. A leaf for FX."""
     _, heads, tokens, C = windows.shape
     h, w = grid
     per_image = -(-h // window_size) * -(-w // window_size) * tokens
