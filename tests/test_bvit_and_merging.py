@@ -4,10 +4,10 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
-from helpers import load_tool
 from timm.optim import create_optimizer_v2
 
 import srvit_backbones  # noqa: F401  (registers the variants)
+from helpers import load_tool
 from srvit_backbones import load_pretrained
 from srvit_backbones.checkpoint import CheckpointError
 from srvit_backbones.layer_decay import layer_id, lr_decay_factor

@@ -5,8 +5,8 @@ import logging
 
 import pytest
 import torch
-from helpers import load_tool
 
+from helpers import load_tool
 from srvit_backbones import CheckpointError, create_srvit, load_pretrained
 from srvit_backbones.checkpoint import adapt_pos_embed, group_keys, read_checkpoint
 

@@ -5,10 +5,10 @@ import pytest
 import timm
 import torch
 import torch.nn as nn
-from helpers import unit_applications
 from timm.models.vision_transformer import Block
 
 import srvit_backbones  # noqa: F401
+from helpers import unit_applications
 from srvit_backbones import SoftMoRUnit, SRViT, create_srvit, make_layout
 from srvit_backbones.models import VARIANTS
 from srvit_backbones.models.softmor import apply_block

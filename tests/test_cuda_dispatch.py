@@ -6,9 +6,9 @@ backbone's training step within 1.4x the global one's. Meta tensors: shapes only
 import pytest
 import torch
 import torch.nn.functional as F
-from cuda_dispatch import CudaSDPARules, backbone_step_operations, count_cuda_launches, sdpa_backend
 
 import srvit_backbones  # noqa: F401  (registers the variants)
+from cuda_dispatch import CudaSDPARules, backbone_step_operations, count_cuda_launches, sdpa_backend
 from srvit_backbones.models.rel_pos import KERNELS, rel_pos_attention
 
 HALF = torch.float16

@@ -9,9 +9,9 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import D2_QUICKSTART, ROOT, SEG_QUICKSTART, load_tool
 from PIL import Image
 
+from helpers import D2_QUICKSTART, ROOT, SEG_QUICKSTART, load_tool
 from srvit_backbones.data.check import KINDS, CocoSplit, SegSplit, check_splits
 
 MMDET_QUICKSTART = os.path.join(ROOT, "mmdet_configs", "quickstart", "mask_rcnn_srvit_tiny_cpu.py")

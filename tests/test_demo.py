@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 from detectron2.config import get_cfg
-from helpers import D2_QUICKSTART, ROOT, SEG_QUICKSTART, TEST_SIZE, load_tool, run, trained_detectron2, trained_mmseg
 from PIL import Image
 from pycocotools import mask as mask_util
 
 import srvit_backbones.mmseg  # noqa: F401  (torch.load reads mmengine checkpoints)
+from helpers import D2_QUICKSTART, ROOT, SEG_QUICKSTART, TEST_SIZE, load_tool, run, trained_detectron2, trained_mmseg
 from srvit_backbones import create_srvit
 from srvit_backbones.analysis.demo import say_on_image
 from srvit_backbones.analysis.images import find_images

@@ -19,6 +19,9 @@ from detectron2.layers import ShapeSpec
 from detectron2.modeling import build_model
 from detectron2.structures import BitMasks, Instances
 from detectron2.utils.events import EventStorage
+from omegaconf import OmegaConf
+
+import srvit_backbones
 from helpers import (
     child_pids,
     divergence_report,
@@ -29,9 +32,6 @@ from helpers import (
     load_tool,
     two_gloo_processes,
 )
-from omegaconf import OmegaConf
-
-import srvit_backbones
 from srvit_backbones import CheckpointError, ConfigError, create_srvit, load_pretrained
 from srvit_backbones.detectron2 import (
     SRViTBackbone,
@@ -1203,8 +1203,8 @@ COMPILED_TINY = [o for o in TINY if not o.startswith(("model.backbone.net.img_si
 def _compiled_ddp_worker(rank):
     from detectron2.engine import SimpleTrainer
     from detectron2.engine.defaults import create_ddp_model
-    from helpers import assert_compiled_training_equals_eager
 
+    from helpers import assert_compiled_training_equals_eager
     from srvit_backbones.detectron2 import training
     from srvit_backbones.detectron2.benchmark import synthetic_detection_batch
 

@@ -9,8 +9,8 @@ import onnxruntime  # the deploy extra; make setup installs it
 import onnxscript  # noqa: F401  (the dynamo exporter needs it)
 import pytest
 import torch
-from helpers import load_tool, randomize_routers
 
+from helpers import load_tool, randomize_routers
 from srvit_backbones import CheckpointError, ConfigError, create_srvit
 from srvit_backbones.analysis.export import ExportError, build_backbone, check_onnx, main, output_names
 from srvit_backbones.training.amp import cpu_has_native_bf16

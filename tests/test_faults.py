@@ -9,8 +9,8 @@ import sys
 
 import pytest
 import torch
-from helpers import wait_for_text
 
+from helpers import wait_for_text
 from srvit_backbones.training import faults
 
 # a process that rewrites CHECKPOINT through faults.atomic_open and is stopped half-way through

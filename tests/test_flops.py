@@ -6,8 +6,8 @@ from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 import torch
-from helpers import load_tool
 
+from helpers import load_tool
 from srvit_backbones import create_srvit
 from srvit_backbones.analysis.flops import ATTENTION, SDPA_OP, count_by_operator, count_flops, sdpa_flop_jit
 

@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 import torch
-from helpers import ROOT, load_tool
 from PIL import Image
 
 import srvit_backbones
+from helpers import ROOT, load_tool
 from srvit_backbones.analysis.demo import Demo, read_weights, refused_unless_it_fits, say_on_image
 from srvit_backbones.analysis.flops_table import measure_variant
 from srvit_backbones.checkpoint import require_fit

@@ -7,8 +7,8 @@ import json
 
 import pytest
 import torch
-from helpers import load_tool
 
+from helpers import load_tool
 from srvit_backbones.analysis.benchmark import devices, gpu_check, model_flops_utilisation, peak_tflops
 from srvit_backbones.models import rel_pos
 

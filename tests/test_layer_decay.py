@@ -5,8 +5,8 @@ import os
 
 import pytest
 import torch
-from helpers import ROOT, lr_and_decay
 
+from helpers import ROOT, lr_and_decay
 from srvit_backbones import create_srvit
 from srvit_backbones.layer_decay import (
     WEIGHT_DECAY_CONVENTIONS,

@@ -19,6 +19,19 @@ import torch.multiprocessing as mp
 from detectron2.config import LazyConfig, instantiate
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool
 from detectron2.modeling.backbone.vit import SimpleFeaturePyramid as D2SimpleFeaturePyramid
+from mmdet.registry import MODELS
+from mmdet.structures import DetDataSample
+from mmdet.structures.mask import BitmapMasks
+from mmdet.utils import register_all_modules
+from mmengine.config import Config
+from mmengine.model import MMDistributedDataParallel
+from mmengine.optim import build_optim_wrapper
+from mmengine.registry import DefaultScope
+from mmengine.structures import InstanceData
+from PIL import Image
+
+import srvit_backbones
+import srvit_backbones.mmdet  # noqa: F401  (registers SRViT, SimpleFeaturePyramid, ...)
 from helpers import (
     assert_layer_decay_constructor_honours_paramwise_cfg,
     assert_mmengine_compiled_training_equals_eager,
@@ -36,19 +49,6 @@ from helpers import (
     trained_detectron2,
     two_gloo_processes,
 )
-from mmdet.registry import MODELS
-from mmdet.structures import DetDataSample
-from mmdet.structures.mask import BitmapMasks
-from mmdet.utils import register_all_modules
-from mmengine.config import Config
-from mmengine.model import MMDistributedDataParallel
-from mmengine.optim import build_optim_wrapper
-from mmengine.registry import DefaultScope
-from mmengine.structures import InstanceData
-from PIL import Image
-
-import srvit_backbones
-import srvit_backbones.mmdet  # noqa: F401  (registers SRViT, SimpleFeaturePyramid, ...)
 from srvit_backbones import CheckpointError, ConfigError, DataCheckError, create_srvit
 from srvit_backbones.detectron2 import SRViTBackbone as D2Backbone
 from srvit_backbones.detectron2 import SRViTCheckpointer, srvit_optimizer_params

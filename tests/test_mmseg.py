@@ -17,6 +17,17 @@ from unittest import mock
 import mmseg
 import pytest
 import torch
+from mmengine.config import Config
+from mmengine.fileio import register_backend
+from mmengine.logging import MMLogger
+from mmengine.optim import AmpOptimWrapper, OptimWrapper, build_optim_wrapper
+from mmengine.optim.optimizer import amp_optimizer_wrapper
+from mmengine.registry import OPTIM_WRAPPERS, DefaultScope
+from mmseg.registry import MODELS
+from mmseg.utils import register_all_modules
+
+import srvit_backbones
+import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from helpers import (
     assert_layer_decay_constructor_honours_paramwise_cfg,
     assert_mmengine_resume_restores,
@@ -31,17 +42,6 @@ from helpers import (
     torchrun,
     trained_mmseg,
 )
-from mmengine.config import Config
-from mmengine.fileio import register_backend
-from mmengine.logging import MMLogger
-from mmengine.optim import AmpOptimWrapper, OptimWrapper, build_optim_wrapper
-from mmengine.optim.optimizer import amp_optimizer_wrapper
-from mmengine.registry import OPTIM_WRAPPERS, DefaultScope
-from mmseg.registry import MODELS
-from mmseg.utils import register_all_modules
-
-import srvit_backbones
-import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
 from srvit_backbones import CheckpointError, create_srvit
 from srvit_backbones.openmmlab.hooks import AtomicLocalBackend, DivergenceCheckHook, SRViTCheckpointHook
 

@@ -11,7 +11,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
-from helpers import assert_mmengine_compiled_training_equals_eager, two_gloo_processes
 from mmengine.config import Config
 from mmengine.model import MMDistributedDataParallel
 from mmengine.optim import build_optim_wrapper
@@ -22,6 +21,7 @@ from mmseg.structures import SegDataSample
 from mmseg.utils import register_all_modules
 
 import srvit_backbones.mmseg  # noqa: F401  (registers SRViT)
+from helpers import assert_mmengine_compiled_training_equals_eager, two_gloo_processes
 from srvit_backbones import create_srvit
 from srvit_backbones.openmmlab.tools import sync_bn_to_bn
 

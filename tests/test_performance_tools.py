@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 import torch._dynamo
-from helpers import load_tool
 
+from helpers import load_tool
 from srvit_backbones import SRViT, create_srvit
 from srvit_backbones.training.amp import cpu_has_native_bf16
 

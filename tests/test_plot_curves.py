@@ -7,9 +7,9 @@ import os
 import shutil
 
 import pytest
-from helpers import load_tool, scheduled_lrs, trained_detectron2, trained_mmseg
 from PIL import Image
 
+from helpers import load_tool, scheduled_lrs, trained_detectron2, trained_mmseg
 from srvit_backbones.training.curves import CurvesError, plot_curves
 
 

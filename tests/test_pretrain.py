@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 import timm
 import torch
+from PIL import Image, ImageOps
+from timm.data import auto_augment
+
 from helpers import (
     divergence_report,
     file_size_limit,
@@ -19,9 +22,6 @@ from helpers import (
     load_tool,
     torchrun,
 )
-from PIL import Image, ImageOps
-from timm.data import auto_augment
-
 from srvit_backbones import InputError, create_srvit
 from srvit_backbones.pretrain import augment, engine, recipe, trainer
 from srvit_backbones.training import amp, faults

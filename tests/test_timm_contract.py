@@ -19,12 +19,12 @@ import math
 import pytest
 import timm
 import torch
-from helpers import randomize_routers
 from timm import set_scriptable
 from timm.models import get_notrace_functions, get_notrace_modules
 from torchvision.models.feature_extraction import NodePathTracer, create_feature_extractor, get_graph_node_names
 
 import srvit_backbones  # noqa: F401  (registers the variants)
+from helpers import randomize_routers
 from srvit_backbones.models import VARIANTS
 
 NAMES = sorted(VARIANTS)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from helpers import load_tool, randomize_routers
 from PIL import Image
 from skimage import data
 
+from helpers import load_tool, randomize_routers
 from srvit_backbones import create_srvit, load_pretrained
 from srvit_backbones.analysis.images import load_image, to_batch
 from srvit_backbones.training.amp import cpu_has_native_bf16

@@ -8,11 +8,11 @@ import timm
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import unit_applications
 from timm.models.vision_transformer import VisionTransformer
 from timm.models.vision_transformer_sam import Block as SamBlock
 from timm.models.vision_transformer_sam import get_rel_pos
 
+from helpers import unit_applications
 from srvit_backbones import CheckpointError, SoftMoRUnit, SRViT, create_srvit, load_pretrained
 from srvit_backbones.analysis.flops import count_flops
 from srvit_backbones.layer_decay import layer_id
