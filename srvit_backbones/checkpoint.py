@@ -60,8 +60,7 @@ class LoadReport:
 
     @property
     def required_missing(self) -> List[str]:
-        """Missing keys that make the load partial: all but a new classifier and new relative-position
-        tables (zero tables add no bias; ImageNet pretraining has none)."""
+        """Missing keys that make the load partial: all but a new classifier and relative-position tables."""
         return [k for k in self.missing if not (k.startswith(OPTIONAL_KEYS) or is_rel_pos(k))]
 
     @property
@@ -141,8 +140,7 @@ def _allow_types_of(package: str) -> bool:
 
 
 def extract_state_dict(obj: Any, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:
-    """The weights inside a checkpoint object, DDP / torch.compile prefixes removed (``CheckpointError``
-    when there are none)."""
+    """The weights inside a checkpoint object, DDP / torch.compile prefixes removed."""
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"a checkpoint must be a dict, got {type(obj).__name__}")
     keys = ("model_ema", "state_dict_ema", "model", "state_dict") if prefer_ema else ("model", "state_dict")
@@ -182,28 +180,19 @@ def select_backbone(sd: Dict[str, torch.Tensor], prefix: Optional[str], report: 
     return selected
 
 
-def _unit_block_names(model: nn.Module) -> List[str]:
-    return [f"units.{u}.blocks.{k}" for u, unit in enumerate(model.units) for k in range(len(unit.blocks))]
-
-
-def default_vit_blocks(num_ckpt_blocks: int, num_model_blocks: int) -> List[int]:
-    """Which blocks of a plain ViT checkpoint seed the model's unique blocks: the first ones, or for a
-    single shared block (bViT) the middle one ``n // 2`` (docs/checkpoints.md)."""
-    if num_model_blocks == 1 and num_ckpt_blocks > 1:
-        return [num_ckpt_blocks // 2]
-    return list(range(min(num_ckpt_blocks, num_model_blocks)))
-
-
 def map_vit_block_keys(sd: Dict[str, torch.Tensor], model: nn.Module, report: LoadReport,
                        vit_blocks: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
-    """timm ViT/DeiT ``blocks.{i}.*`` -> ``units.{u}.blocks.{k}.*`` (``vit_blocks``, default
-    ``default_vit_blocks``); the other blocks are dropped and reported."""
+    """timm ViT/DeiT ``blocks.{i}.*`` -> ``units.{u}.blocks.{k}.*``: ``vit_blocks``, default the first blocks
+    (one shared block: the middle one, docs/checkpoints.md); the other blocks are dropped and reported."""
     pattern = re.compile(r"^blocks\.(\d+)\.(.*)$")
     if not any(pattern.match(k) for k in sd):
         return sd
-    names = _unit_block_names(model)
+    names = [f"units.{u}.blocks.{k}" for u, unit in enumerate(model.units) for k in range(len(unit.blocks))]
     n_ckpt = 1 + max(int(pattern.match(k).group(1)) for k in sd if pattern.match(k))
-    chosen = default_vit_blocks(n_ckpt, len(names)) if vit_blocks is None else list(vit_blocks)
+    if vit_blocks is not None:
+        chosen = list(vit_blocks)
+    else:
+        chosen = [n_ckpt // 2] if len(names) == 1 and n_ckpt > 1 else list(range(min(n_ckpt, len(names))))
     bad = [b for b in chosen if not is_int_in(b, 0, n_ckpt)]
     if bad or len(chosen) > len(names):
         raise CheckpointError(f"vit_blocks={list(chosen)}: the checkpoint has blocks 0..{n_ckpt - 1} and the model "
@@ -234,7 +223,7 @@ def adapt_pos_embed(pos_embed: torch.Tensor, model: nn.Module, report: Optional[
     grid_new = model.pretrain_grid
     n_prefix_new = model.num_prefix_tokens
     n_tokens = pos_embed.shape[1]
-    try:  # the checkpoint's prefix count: the one that leaves a square grid, this model's first
+    try:
         n_prefix_old, side = split_pos_embed(n_tokens, (n_prefix_new, 1, 2, 0))
     except ValueError as e:
         raise CheckpointError(str(e)) from None
@@ -260,13 +249,12 @@ def adapt_pos_embed(pos_embed: torch.Tensor, model: nn.Module, report: Optional[
 
 def convert_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, report: Optional[LoadReport] = None,
                        vit_blocks: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
-    """Map keys, resize the position and relative-position tables, drop the tokens and classifier
-    the model lacks."""
+    """Map keys, resize the position tables, drop the tokens and classifier the model lacks."""
     report = report if report is not None else LoadReport()
     sd = map_vit_block_keys(dict(sd), model, report, vit_blocks)
     if "pos_embed" in sd:
         sd["pos_embed"] = adapt_pos_embed(sd["pos_embed"], model, report)
-    for token in ("cls_token", "dist_token"):  # tokens a windowed / undistilled model does not carry
+    for token in ("cls_token", "dist_token"):
         if token in sd and getattr(model, token, None) is None:
             report.dropped.append(token)
             del sd[token]
@@ -276,7 +264,6 @@ def convert_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, report: Op
         if old[1:] == new[1:] and old[0] != new[0]:  # another window or grid: detectron2's linear resize
             sd[k] = resize_rel_pos(sd[k], new[0])
             report.notes.append(f"{k} resized {old[0]} -> {new[0]} rows")
-    # a classifier the model does not have (a backbone) or of another size is dropped
     for k in [k for k in sd if k.startswith(HEAD_PREFIXES)]:
         if k not in model_sd or model_sd[k].shape != sd[k].shape:
             report.dropped.append(k)
@@ -286,15 +273,14 @@ def convert_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, report: Op
 
 def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: nn.Module,
                          allow_partial: bool = False) -> Dict[str, torch.Tensor]:
-    """timm's ``pretrained_filter_fn``; missing backbone weights raise ``CheckpointError`` unless
-    ``allow_partial`` (``pretrained_strict=False``): timm itself loads non-strictly."""
+    """timm's ``pretrained_filter_fn``; missing backbone weights raise ``CheckpointError`` unless ``allow_partial``."""
     report = LoadReport()
     sd = convert_state_dict(select_backbone(extract_state_dict(state_dict), None, report), model, report)
     model_sd = model.state_dict()
     report.missing = [k for k in model_sd if k not in sd]
     if report.required_missing and not allow_partial:
         raise _partial_error(report, "the pretrained file")
-    for k in report.missing:  # new relative-position tables keep their zeros, also when timm loads strictly
+    for k in report.missing:  # new relative-position tables keep their zeros
         if is_rel_pos(k):
             sd[k] = model_sd[k]
     return sd
@@ -329,16 +315,6 @@ def _partial_error(report: LoadReport, source: str) -> CheckpointError:
           f"(the backbones' allow_partial option in the framework configs; timm: pretrained_strict=False).")
 
 
-def _inside_unexpected(unexpected: List[str], model: nn.Module) -> List[str]:
-    """Checkpoint keys inside the model's units that it lacks: a layout or recursion mismatch."""
-    inside = []
-    for key in unexpected:
-        m = re.match(r"^units\.(\d+)\.", key)
-        if m and int(m.group(1)) < len(model.units) and not is_rel_pos(key):
-            inside.append(key)
-    return inside
-
-
 def require_fit(weights: Mapping[str, torch.Tensor], model: nn.Module, source: str, what: str) -> LoadReport:
     """A whole model's trained weights against ``model``.
 
@@ -369,10 +345,8 @@ def require_fine_tune_fit(weights: Dict[str, torch.Tensor], model_sd: Mapping[st
 
     Args:
         weights: the checkpoint's state dict; the class-dependent tensors of another shape are removed.
-        model_sd: the model's state dict.
         class_dependent: matches the names of the layers sized by the number of classes.
         backbones: state-dict prefix of each core model -> its ``allow_partial``.
-        log: where the re-initialised tensors are logged.
         source, allow_partial_key: the config keys named in the messages.
     Returns:
         The removed (re-initialised) keys.
@@ -392,7 +366,8 @@ def require_fine_tune_fit(weights: Dict[str, torch.Tensor], model_sd: Mapping[st
     missing, groups = 0, []
     for prefix, allow_partial in backbones.items():
         if not allow_partial:
-            report = LoadReport(missing=[k[len(prefix):] for k in model_sd if k.startswith(prefix) and k not in weights])
+            report = LoadReport(missing=[k[len(prefix):] for k in model_sd
+                                         if k.startswith(prefix) and k not in weights])
             missing += len(report.required_missing)
             groups += [prefix + k for k in group_keys(report.required_missing)]
     if missing:
@@ -422,7 +397,7 @@ def load_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Any]],
         allow_partial: let backbone tensors be missing (they keep their initialisation).
         prefix: where the backbone sits in a whole-model checkpoint (default: found by its patch embedding).
         allow_shape_mismatch: skip tensors of another shape instead of raising.
-        vit_blocks: the plain-ViT blocks that seed the unique blocks (``default_vit_blocks``).
+        vit_blocks: the plain-ViT blocks that seed the unique blocks (``map_vit_block_keys``).
     Returns:
         The ``LoadReport``, also logged.
     Raises:
@@ -450,7 +425,8 @@ def load_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Any]],
     report.unexpected = [k for k in sd if k not in model_sd]
     if report.required_missing and not allow_partial:
         raise _partial_error(report, source)
-    inside = _inside_unexpected(report.unexpected, model)
+    inside = [k for k in report.unexpected if (m := re.match(r"^units\.(\d+)\.", k))
+              and int(m.group(1)) < len(model.units) and not is_rel_pos(k)]  # a layout or recursion mismatch
     if inside and not allow_partial:
         raise CheckpointError(
             f"{source} holds {len(inside)} tensors inside this model's units that the model does not have "

@@ -106,11 +106,8 @@ def series(framework, records):
 
 
 def plot_curves(path, output=None):
-    """Draw the run's curves (``path``: a metrics file or a run's folder) into ``output`` (default:
-    ``curves.png`` in the run's folder); returns (figure, PNG path).
-
-    Raises:
-        CurvesError: no metrics file, a line that is no JSON object, an unknown format, nothing to draw."""
+    """Draw the curves of ``path`` (a metrics file or a run's folder) into ``output`` (default: the folder's
+    ``curves.png``); returns (figure, PNG path). Raises ``CurvesError`` where there is nothing to draw."""
     files = find_files(path)
     framework, records = read_records(files)
     panels = series(framework, records)
