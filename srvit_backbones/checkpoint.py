@@ -1,5 +1,4 @@
-"""Loading pretrained weights into the core SR-ViT: unwrap, map keys, resize the position embedding,
-and load completely or fail with a short report (docs/checkpoints.md lists the accepted sources)."""
+"""Pretrained weights into the core SR-ViT: loaded completely, or a report of what does not fit (docs/checkpoints.md)"""
 import importlib.metadata
 import logging
 import os
@@ -88,8 +87,7 @@ def read_checkpoint(path: str) -> Any:
     """``torch.load`` with ``weights_only=True``, or a ``.safetensors`` file.
 
     Raises:
-        CheckpointError: the file is missing, not a checkpoint, or holds objects torch refuses.
-    """
+        CheckpointError: the file is missing, not a checkpoint, or holds objects torch refuses."""
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint file not found: {path}")
     if path.endswith(".safetensors"):
@@ -182,8 +180,7 @@ def select_backbone(sd: Dict[str, torch.Tensor], prefix: Optional[str], report: 
 
 def map_vit_block_keys(sd: Dict[str, torch.Tensor], model: nn.Module, report: LoadReport,
                        vit_blocks: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
-    """timm ViT/DeiT ``blocks.{i}.*`` -> ``units.{u}.blocks.{k}.*``: ``vit_blocks``, default the first blocks
-    (one shared block: the middle one, docs/checkpoints.md); the other blocks are dropped and reported."""
+    """timm ViT ``blocks.{i}.*`` -> ``units.{u}.blocks.{k}.*`` (default: the first blocks; one shared: the middle)."""
     pattern = re.compile(r"^blocks\.(\d+)\.(.*)$")
     if not any(pattern.match(k) for k in sd):
         return sd
@@ -247,10 +244,9 @@ def adapt_pos_embed(pos_embed: torch.Tensor, model: nn.Module, report: Optional[
     return torch.cat([prefix, grid_tokens], dim=1)
 
 
-def convert_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, report: Optional[LoadReport] = None,
+def convert_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, report: LoadReport,
                        vit_blocks: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
-    """Map keys, resize the position tables, drop the tokens and classifier the model lacks."""
-    report = report if report is not None else LoadReport()
+    """Map keys, resize the position tables, drop the tokens and classifier the model lacks (noted in ``report``)."""
     sd = map_vit_block_keys(dict(sd), model, report, vit_blocks)
     if "pos_embed" in sd:
         sd["pos_embed"] = adapt_pos_embed(sd["pos_embed"], model, report)
@@ -289,22 +285,10 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: nn.Module,
 set_checkpoint_filter(checkpoint_filter_fn)
 
 
-def _diagnose(sd: Mapping[str, torch.Tensor], model: nn.Module) -> str:
-    hints = []
-    w_ckpt = sd.get(ANCHOR)
-    if w_ckpt is not None and w_ckpt.shape[0] != model.embed_dim:
-        hints.append(f"the checkpoint's width is {w_ckpt.shape[0]}, the model's {model.embed_dim}")
-    steps = {int(v.shape[0]) for k, v in sd.items() if k.endswith("router.weight")}
-    if steps and steps != {model.num_steps}:
-        hints.append(f"the checkpoint's recursion depth is T={sorted(steps)}, the model's T={model.num_steps}")
-    return ("; ".join(hints) + ". ") if hints else ""
-
-
 def _partial_error(report: LoadReport, source: str) -> CheckpointError:
     missing = report.required_missing
     hint = ""
-    if any(".router." in k or ".step_transforms." in k for k in missing) and \
-            not any(".blocks." in k for k in missing):
+    if any(".router." in k or ".step_transforms." in k for k in missing) and not any(".blocks." in k for k in missing):
         hint = ("Only the recursion parameters (routers, step transforms) are missing, as when a plain ViT "
                 "(T=1) initialises a recursive model. ")
     return CheckpointError(
@@ -321,8 +305,7 @@ def require_fit(weights: Mapping[str, torch.Tensor], model: nn.Module, source: s
     Returns:
         The ``LoadReport`` when every tensor fits.
     Raises:
-        CheckpointError: naming a few tensors of each kind that does not fit.
-    """
+        CheckpointError: naming a few tensors of each kind that does not fit."""
     model_sd = model.state_dict()
     report = LoadReport(mismatched=[k for k, v in weights.items() if k in model_sd and v.shape != model_sd[k].shape])
     report.missing = [k for k in model_sd if k not in weights]
@@ -351,8 +334,7 @@ def require_fine_tune_fit(weights: Dict[str, torch.Tensor], model_sd: Mapping[st
     Returns:
         The removed (re-initialised) keys.
     Raises:
-        CheckpointError: another tensor of another shape, or backbone tensors missing.
-    """
+        CheckpointError: another tensor of another shape, or backbone tensors missing."""
     mismatched = [k for k, v in weights.items() if k in model_sd and tuple(v.shape) != tuple(model_sd[k].shape)]
     reinitialised = [k for k in mismatched if class_dependent.match(k)]
     others = [k for k in mismatched if k not in reinitialised]
@@ -401,8 +383,7 @@ def load_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Any]],
     Returns:
         The ``LoadReport``, also logged.
     Raises:
-        CheckpointError: a missing or mismatched tensor, unless allowed.
-    """
+        CheckpointError: a missing or mismatched tensor, unless allowed."""
     log = log or logger
     source = checkpoint if isinstance(checkpoint, str) else "the checkpoint"
     obj = read_checkpoint(checkpoint) if isinstance(checkpoint, str) else checkpoint
@@ -412,9 +393,15 @@ def load_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Any]],
     model_sd = model.state_dict()
     mismatched = [k for k, v in sd.items() if k in model_sd and model_sd[k].shape != v.shape]
     if mismatched and not allow_shape_mismatch:
-        example = mismatched[0]
+        example, hints, w_ckpt = mismatched[0], [], sd.get(ANCHOR)
+        if w_ckpt is not None and w_ckpt.shape[0] != model.embed_dim:
+            hints.append(f"the checkpoint's width is {w_ckpt.shape[0]}, the model's {model.embed_dim}")
+        steps = {int(v.shape[0]) for k, v in sd.items() if k.endswith("router.weight")}
+        if steps and steps != {model.num_steps}:
+            hints.append(f"the checkpoint's recursion depth is T={sorted(steps)}, the model's T={model.num_steps}")
+        hint = ("; ".join(hints) + ". ") if hints else ""
         raise CheckpointError(
-            f"{len(mismatched)} tensors of {source} have another shape than the model's. {_diagnose(sd, model)}"
+            f"{len(mismatched)} tensors of {source} have another shape than the model's. {hint}"
             f"Use the variant (width, T) the checkpoint was trained with.\n  "
             + "\n  ".join(group_keys(mismatched))
             + f"\n  e.g. {example}: checkpoint {tuple(sd[example].shape)} vs model {tuple(model_sd[example].shape)}")

@@ -1,6 +1,4 @@
-"""``train.init_checkpoint`` for SR-ViT: core and mmengine checkpoints load into the SR-ViT backbone, every other
-file as detectron2 loads it but completely or not at all (class-dependent layers excepted); checkpoints are
-written whole or not at all (docs/checkpoints.md, docs/faults.md)."""
+"""detectron2's checkpointer for SR-ViT: loads completely or not at all, writes whole (docs/checkpoints.md)."""
 import re
 
 from detectron2.checkpoint import DetectionCheckpointer
@@ -50,8 +48,7 @@ def is_core_checkpoint(obj) -> bool:
 
 
 class SRViTCheckpointer(DetectionCheckpointer):
-    """Args as DetectionCheckpointer; a core checkpoint loads into every ``SRViTBackbone`` with its
-    ``prefer_ema`` / ``allow_partial``."""
+    """Args as DetectionCheckpointer; a core checkpoint loads into every ``SRViTBackbone``."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -84,12 +81,6 @@ class SRViTCheckpointer(DetectionCheckpointer):
             load_pretrained(backbone.srvit, checkpoint["model"], prefer_ema=backbone.prefer_ema,
                             allow_partial=backbone.allow_partial, log=self.logger)
         self.logger.info("Detector parts outside the backbone start from their initialisation.")
-        return None
-
-    def _srvit_backbones(self):
-        """(state-dict prefix of the core model, SRViTBackbone) of each SR-ViT backbone."""
-        return [(f"{name}.srvit." if name else "srvit.", m) for name, m in self.model.named_modules()
-                if isinstance(m, SRViTBackbone)]
 
     def _require_fit(self, checkpoint) -> None:
         """``require_fine_tune_fit`` after detectron2's name matching and the backbones' table resizing."""
@@ -101,7 +92,9 @@ class SRViTCheckpointer(DetectionCheckpointer):
         weights = checkpoint["model"]
         if weights and all(k.startswith("module.") for k in weights):
             weights = checkpoint["model"] = {k[len("module."):]: v for k, v in weights.items()}
-        for prefix, backbone in self._srvit_backbones():
+        srvits = [(f"{name}.srvit." if name else "srvit.", m) for name, m in self.model.named_modules()
+                  if isinstance(m, SRViTBackbone)]  # (state-dict prefix of the core model, backbone)
+        for prefix, backbone in srvits:
             inside = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
             if "pos_embed" not in inside:
                 continue
@@ -110,6 +103,6 @@ class SRViTCheckpointer(DetectionCheckpointer):
             for note in report.notes:
                 self.logger.info("SR-ViT backbone %s: %s", prefix, note)
             weights.update({prefix + k: v for k, v in converted.items()})  # tables resized to this model's
-        backbones = {prefix: backbone.allow_partial for prefix, backbone in self._srvit_backbones()}
+        backbones = {prefix: backbone.allow_partial for prefix, backbone in srvits}
         require_fine_tune_fit(weights, self.model.state_dict(), CLASS_DEPENDENT, backbones, self.logger,
                               "train.init_checkpoint", "model.backbone.net.allow_partial=True")

@@ -1,5 +1,4 @@
-"""Faults of a detectron2 run, handled as ``training.faults`` does: a diverged run explained, a dead process
-named by its global rank (docs/faults.md)."""
+"""Faults of a detectron2 run, handled as ``training.faults`` does (docs/faults.md)."""
 import contextlib
 
 from detectron2.engine import HookBase
@@ -21,8 +20,7 @@ FIXES = ("a lower optimizer.lr (or a longer lr_multiplier.warmup_length)",
 
 
 class DivergenceCheck(HookBase):
-    """Stops training (``faults.Diverged``) once the ``AMPTrainer``'s GradScaler skipped more than
-    ``max_consecutive_skipped_steps`` steps in a row; register it before the PeriodicCheckpointer."""
+    """Stops training once the GradScaler skipped too many steps; register it before the PeriodicCheckpointer."""
 
     def __init__(self, checkpointer, max_consecutive_skipped_steps: int = MAX_CONSECUTIVE_SKIPPED_STEPS):
         self.checkpointer = checkpointer
@@ -33,9 +31,8 @@ class DivergenceCheck(HookBase):
 
     def after_step(self):
         if self.skipped.update(getattr(self.trainer, "grad_scaler", None)):
-            raise Diverged(divergence_message(self.skipped.describe("the AMPTrainer's GradScaler"),
-                                                        self.trainer.iter, last_checkpoint(self.checkpointer),
-                                                        "--resume", FIXES))
+            raise Diverged(divergence_message(self.skipped.describe("the AMPTrainer's GradScaler"), self.trainer.iter,
+                                              last_checkpoint(self.checkpointer), "--resume", FIXES))
 
 
 def last_checkpoint(checkpointer):
@@ -56,18 +53,16 @@ def explained_divergence(trainer):
 
 
 def launch(main, args) -> None:
-    """detectron2's ``launch`` with ``default_argument_parser``'s ``args`` and the collective timeout; a process
-    that dies or raises is an ``SRViTError`` naming its global rank."""
+    """detectron2's ``launch`` with the collective timeout; a dead process is an ``SRViTError`` naming its rank."""
     try:
         detectron2_launch(main, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
                           dist_url=args.dist_url, args=(args,), timeout=collective_timeout())
     except (ProcessExitedException, ProcessRaisedException) as e:
-        rank = args.machine_rank * args.num_gpus + e.error_index
+        where = f"rank {args.machine_rank * args.num_gpus + e.error_index} (process {e.error_pid} on machine " \
+            f"{args.machine_rank})"
         if isinstance(e, ProcessRaisedException):
-            raise SRViTError(f"rank {rank} (process {e.error_pid} on machine {args.machine_rank}) failed: the job is "
-                             f"stopped; its error is above") from e
+            raise SRViTError(f"{where} failed: the job is stopped; its error is above") from e
         how = f"was killed by signal {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
-        raise SRViTError(f"rank {rank} (process {e.error_pid} on machine {args.machine_rank}) {how}: the job is "
-                         f"stopped; continue it with --resume (the last complete checkpoint in "
-                         f"train.output_dir)") from e
+        raise SRViTError(f"{where} {how}: the job is stopped; continue it with --resume (the last complete "
+                         f"checkpoint in train.output_dir)") from e
 

@@ -1,5 +1,4 @@
-"""Let ``torch.load(weights_only=True)`` read mmengine's checkpoints by allow-listing their message hub's types;
-registered on import and as setup.py's ``srvit_backbones.checkpoint_types`` entry point."""
+"""Let ``torch.load(weights_only=True)`` read mmengine's checkpoints (an entry point of setup.py)."""
 import pickle
 
 import numpy as np

@@ -1,5 +1,4 @@
-"""mmdet's and mmseg's ``tools/train.py`` / ``test.py``, once for tools/train_*.py and test_*.py; a framework's
-differences are its ``tools.SCRIPT_OPTIONS``."""
+"""mmdet's and mmseg's ``tools/train.py`` / ``test.py``, once for both (differences: ``tools.SCRIPT_OPTIONS``)."""
 import argparse
 import os.path as osp
 
@@ -15,28 +14,18 @@ from .tools import apply_amp, check_compile, prepare_training
 
 
 class ScriptOptions:
-    """What a framework's own tools/train.py and test.py add, as parser texts and hooks; the defaults add nothing."""
+    """What a framework's own tools/train.py and test.py add. A subclass sets ``train_description``,
+    ``test_description``, ``out_help`` and defines ``add_train_arguments(parser)`` (after ``--work-dir``),
+    ``apply_train_arguments(cfg, args)`` (after ``--amp``, before the data check) and ``apply_test_arguments(cfg,
+    args)`` (after the data check); the rest has defaults."""
 
-    train_description = "Train a model"
-    test_description = "Test (and eval) a model"
-    out_help = "where the predictions are saved"
     show_dir_help = "directory where painted images will be saved"
-
-    def add_train_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """The training options after ``--work-dir``, in the order of the framework's script."""
-        add_amp_argument(parser)
-
-    def apply_train_arguments(self, cfg: Config, args: argparse.Namespace) -> None:
-        """Those options applied to the config (after ``--amp``, before the data check)."""
 
     def add_test_arguments(self, parser: argparse.ArgumentParser) -> None:
         """The test options after ``--launcher``."""
 
     def check_test_arguments(self, args: argparse.Namespace) -> None:
         """Refuse test options that cannot work, before the config is read."""
-
-    def apply_test_arguments(self, cfg: Config, args: argparse.Namespace) -> None:
-        """The test options applied to the config, after the data check."""
 
 
 def add_amp_argument(parser: argparse.ArgumentParser) -> None:

@@ -1,5 +1,4 @@
-"""mmengine hooks of the SR-ViT configs (registered by ``srvit_backbones.mmseg`` / ``.mmdet``): fp16 gradient
-compression under DDP, checkpoints written whole or not at all, and a stop for diverged runs (docs/faults.md)."""
+"""mmengine hooks of the SR-ViT configs: fp16 DDP gradients, whole saves, diverged runs stopped (docs/faults.md)."""
 import contextlib
 import glob
 import os
@@ -42,8 +41,7 @@ class Fp16CompressionHook(Hook):
 
 
 class AtomicLocalBackend(LocalBackend):
-    """mmengine's local backend with ``put`` through ``faults.atomic_open``; while the class-wide ``held`` is a
-    list, removals are held in it (``SRViTCheckpointHook.removals_held``) and ``written`` is the last put."""
+    """mmengine's local backend writing through ``atomic_open``; removals held while ``held`` is a list."""
 
     held = written = None
 
@@ -72,14 +70,12 @@ register_backend(ATOMIC_LOCAL_BACKEND, AtomicLocalBackend)
 
 
 class SRViTCheckpointHook(CheckpointHook):
-    """mmengine's ``CheckpointHook`` (same arguments), safe against a fault while saving: local checkpoints
-    written whole, outdated ones removed only after, the pointer rewritten whole, non-finite weights refused."""
+    """mmengine's ``CheckpointHook`` (same arguments), safe against a fault while saving (docs/faults.md)."""
 
     def __init__(self, *args, out_dir=None, file_client_args=None, backend_args=None, **kwargs):
         if backend_args is None and file_client_args is None and "://" not in str(out_dir or ""):
             backend_args = dict(backend=ATOMIC_LOCAL_BACKEND)
-        super().__init__(*args, out_dir=out_dir, file_client_args=file_client_args, backend_args=backend_args,
-                         **kwargs)
+        super().__init__(*args, out_dir=out_dir, file_client_args=file_client_args, backend_args=backend_args, **kwargs)
 
     def after_train_iter(self, runner, *args, **kwargs) -> None:
         with self.removals_held(runner):
@@ -115,9 +111,11 @@ class SRViTCheckpointHook(CheckpointHook):
             AtomicLocalBackend.held = AtomicLocalBackend.written = None
 
     def before_save_checkpoint(self, runner, checkpoint) -> None:
-        """``faults.Diverged`` instead of saving non-finite weights."""
-        refuse_non_finite_weights(checkpoint["state_dict"], checkpoint["meta"]["iter"], last_checkpoint(runner),
-                                  "--resume", divergence_fixes(runner))
+        """``faults.Diverged`` instead of saving non-finite weights, naming the file ``last_checkpoint`` names."""
+        pointer = Path(runner.work_dir, "last_checkpoint")  # mmengine's last_ckpt names the one being saved
+        last = pointer.read_text() if pointer.is_file() else None
+        refuse_non_finite_weights(checkpoint["state_dict"], checkpoint["meta"]["iter"], last, "--resume",
+                                  divergence_fixes(runner))
 
     def after_train(self, runner) -> None:
         if getattr(self, "best_ckpt_path_dict", None):  # a key that never improved has no file
@@ -133,15 +131,8 @@ class SRViTCheckpointHook(CheckpointHook):
             raise
 
 
-def last_checkpoint(runner):
-    """The checkpoint ``runner``'s ``last_checkpoint`` pointer names, or None."""
-    pointer = os.path.join(runner.work_dir, "last_checkpoint")
-    return Path(pointer).read_text() if os.path.isfile(pointer) else None
-
-
 class DivergenceCheckHook(Hook):
-    """Stops training (``faults.Diverged``) at a non-finite loss, or once the GradScaler skipped more than
-    ``max_consecutive_skipped_steps`` steps in a row; runs before the ``CheckpointHook``."""
+    """Stops training (``faults.Diverged``) at a non-finite loss or too many skipped steps, before any save."""
 
     priority = "ABOVE_NORMAL"
 

@@ -1,5 +1,4 @@
-"""``--amp`` of the package's own loops and tools: fp16 with a GradScaler on CUDA, bf16 on a CPU with native bf16,
-else an error; a dtype named explicitly runs anywhere, with a warning where emulated (docs/models.md)."""
+"""``--amp`` of the package's own loops and tools: fp16 on CUDA, native bf16 on a CPU (docs/models.md)."""
 import contextlib
 import warnings
 from typing import ContextManager, Optional

@@ -1,5 +1,4 @@
-"""Training curves (tools/plot_curves.py) of detectron2's ``metrics.json`` and mmengine's
-``vis_data/scalars.json``; the frameworks' log formats are data (``LOG_FORMATS``), no framework is imported."""
+"""Training curves (tools/plot_curves.py) of detectron2's and mmengine's logs, read as data (``LOG_FORMATS``)."""
 import glob
 import json
 import os

@@ -1,5 +1,4 @@
-"""Fault handling shared by every training entry point (torch only): atomic checkpoint writes, the message that
-ends a diverged run, a GradScaler's skipped steps, the collective timeout (docs/faults.md)."""
+"""Fault handling shared by every training entry point, torch only (docs/faults.md)."""
 import contextlib
 import datetime
 import os
@@ -36,8 +35,7 @@ def atomic_open(path: str, mode: str = "wb"):
         path: the file to write.
         mode: ``open``'s writing mode ("wb", "w").
     Raises:
-        CheckpointWriteError: a write failed (naming ``path`` and the cause); the temporary file is removed.
-    """
+        CheckpointWriteError: a write failed (naming ``path`` and the cause); the temporary file is removed."""
     tmp = f"{path}.tmp"
     try:
         with open(tmp, mode) as f:
@@ -107,15 +105,11 @@ def refuse_non_finite_weights(state_dict, iteration: int, last_checkpoint: Optio
 
 
 class SkippedStepCounter:
-    """Counts the steps a ``GradScaler`` skipped in a row (its scale dropped): ``start`` before training (after a
-    resume), ``update`` after each step's ``scaler.update()``; True once more than ``limit``."""
+    """Counts the steps a ``GradScaler`` skipped in a row: ``start`` before training, ``update`` after each step."""
 
     def __init__(self, limit: int = MAX_CONSECUTIVE_SKIPPED_STEPS):
-        self.limit = limit
-        self.consecutive = 0
-        self.total = 0
-        self._scale = None
-        self._last_skipped_at = None
+        self.limit, self.consecutive, self.total = limit, 0, 0
+        self._scale = self._last_skipped_at = None
 
     def start(self, scaler) -> "SkippedStepCounter":
         """Record the scale the next step starts from; returns self."""
@@ -130,8 +124,7 @@ class SkippedStepCounter:
         skipped = self._scale is not None and scale < self._scale
         self.consecutive = self.consecutive + 1 if skipped else 0
         self.total += int(skipped)
-        if skipped:
-            self._last_skipped_at = self._scale
+        self._last_skipped_at = self._scale if skipped else self._last_skipped_at
         self._scale = scale
         return self.consecutive > self.limit
 
