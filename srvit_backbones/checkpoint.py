@@ -1,5 +1,4 @@
-"""Loading pretrained weights into the core SR-ViT: unwrap, map keys, resize the position embedding,
-and load completely or fail with a short report (docs/checkpoints.md lists the accepted sources)."""
+"""Pretrained weights into the core SR-ViT: loaded completely, or a report of what does not fit (docs/checkpoints.md)"""
 import importlib.metadata
 import logging
 import os
@@ -60,8 +59,7 @@ class LoadReport:
 
     @property
     def required_missing(self) -> List[str]:
-        """Missing keys that make the load partial: all but a new classifier and new relative-position
-        tables (zero tables add no bias; ImageNet pretraining has none)."""
+        """Missing keys that make the load partial: all but a new classifier and relative-position tables."""
         return [k for k in self.missing if not (k.startswith(OPTIONAL_KEYS) or is_rel_pos(k))]
 
     @property
@@ -89,8 +87,7 @@ def read_checkpoint(path: str) -> Any:
     """``torch.load`` with ``weights_only=True``, or a ``.safetensors`` file.
 
     Raises:
-        CheckpointError: the file is missing, not a checkpoint, or holds objects torch refuses.
-    """
+        CheckpointError: the file is missing, not a checkpoint, or holds objects torch refuses."""
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint file not found: {path}")
     if path.endswith(".safetensors"):
@@ -141,8 +138,7 @@ def _allow_types_of(package: str) -> bool:
 
 
 def extract_state_dict(obj: Any, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:
-    """The weights inside a checkpoint object, DDP / torch.compile prefixes removed (``CheckpointError``
-    when there are none)."""
+    """The weights inside a checkpoint object, DDP / torch.compile prefixes removed."""
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"a checkpoint must be a dict, got {type(obj).__name__}")
     keys = ("model_ema", "state_dict_ema", "model", "state_dict") if prefer_ema else ("model", "state_dict")
@@ -182,28 +178,18 @@ def select_backbone(sd: Dict[str, torch.Tensor], prefix: Optional[str], report: 
     return selected
 
 
-def _unit_block_names(model: nn.Module) -> List[str]:
-    return [f"units.{u}.blocks.{k}" for u, unit in enumerate(model.units) for k in range(len(unit.blocks))]
-
-
-def default_vit_blocks(num_ckpt_blocks: int, num_model_blocks: int) -> List[int]:
-    """Which blocks of a plain ViT checkpoint seed the model's unique blocks: the first ones, or for a
-    single shared block (bViT) the middle one ``n // 2`` (docs/checkpoints.md)."""
-    if num_model_blocks == 1 and num_ckpt_blocks > 1:
-        return [num_ckpt_blocks // 2]
-    return list(range(min(num_ckpt_blocks, num_model_blocks)))
-
-
 def map_vit_block_keys(sd: Dict[str, torch.Tensor], model: nn.Module, report: LoadReport,
                        vit_blocks: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
-    """timm ViT/DeiT ``blocks.{i}.*`` -> ``units.{u}.blocks.{k}.*`` (``vit_blocks``, default
-    ``default_vit_blocks``); the other blocks are dropped and reported."""
+    """timm ViT ``blocks.{i}.*`` -> ``units.{u}.blocks.{k}.*`` (default: the first blocks; one shared: the middle)."""
     pattern = re.compile(r"^blocks\.(\d+)\.(.*)$")
     if not any(pattern.match(k) for k in sd):
         return sd
-    names = _unit_block_names(model)
+    names = [f"units.{u}.blocks.{k}" for u, unit in enumerate(model.units) for k in range(len(unit.blocks))]
     n_ckpt = 1 + max(int(pattern.match(k).group(1)) for k in sd if pattern.match(k))
-    chosen = default_vit_blocks(n_ckpt, len(names)) if vit_blocks is None else list(vit_blocks)
+    if vit_blocks is not None:
+        chosen = list(vit_blocks)
+    else:
+        chosen = [n_ckpt // 2] if len(names) == 1 and n_ckpt > 1 else list(range(min(n_ckpt, len(names))))
     bad = [b for b in chosen if not is_int_in(b, 0, n_ckpt)]
     if bad or len(chosen) > len(names):
         raise CheckpointError(f"vit_blocks={list(chosen)}: the checkpoint has blocks 0..{n_ckpt - 1} and the model "
@@ -234,7 +220,7 @@ def adapt_pos_embed(pos_embed: torch.Tensor, model: nn.Module, report: Optional[
     grid_new = model.pretrain_grid
     n_prefix_new = model.num_prefix_tokens
     n_tokens = pos_embed.shape[1]
-    try:  # the checkpoint's prefix count: the one that leaves a square grid, this model's first
+    try:
         n_prefix_old, side = split_pos_embed(n_tokens, (n_prefix_new, 1, 2, 0))
     except ValueError as e:
         raise CheckpointError(str(e)) from None
@@ -258,15 +244,13 @@ def adapt_pos_embed(pos_embed: torch.Tensor, model: nn.Module, report: Optional[
     return torch.cat([prefix, grid_tokens], dim=1)
 
 
-def convert_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, report: Optional[LoadReport] = None,
+def convert_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, report: LoadReport,
                        vit_blocks: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
-    """Map keys, resize the position and relative-position tables, drop the tokens and classifier
-    the model lacks."""
-    report = report if report is not None else LoadReport()
+    """Map keys, resize the position tables, drop the tokens and classifier the model lacks (noted in ``report``)."""
     sd = map_vit_block_keys(dict(sd), model, report, vit_blocks)
     if "pos_embed" in sd:
         sd["pos_embed"] = adapt_pos_embed(sd["pos_embed"], model, report)
-    for token in ("cls_token", "dist_token"):  # tokens a windowed / undistilled model does not carry
+    for token in ("cls_token", "dist_token"):
         if token in sd and getattr(model, token, None) is None:
             report.dropped.append(token)
             del sd[token]
@@ -276,7 +260,6 @@ def convert_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, report: Op
         if old[1:] == new[1:] and old[0] != new[0]:  # another window or grid: detectron2's linear resize
             sd[k] = resize_rel_pos(sd[k], new[0])
             report.notes.append(f"{k} resized {old[0]} -> {new[0]} rows")
-    # a classifier the model does not have (a backbone) or of another size is dropped
     for k in [k for k in sd if k.startswith(HEAD_PREFIXES)]:
         if k not in model_sd or model_sd[k].shape != sd[k].shape:
             report.dropped.append(k)
@@ -286,15 +269,14 @@ def convert_state_dict(sd: Dict[str, torch.Tensor], model: nn.Module, report: Op
 
 def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: nn.Module,
                          allow_partial: bool = False) -> Dict[str, torch.Tensor]:
-    """timm's ``pretrained_filter_fn``; missing backbone weights raise ``CheckpointError`` unless
-    ``allow_partial`` (``pretrained_strict=False``): timm itself loads non-strictly."""
+    """timm's ``pretrained_filter_fn``; missing backbone weights raise ``CheckpointError`` unless ``allow_partial``."""
     report = LoadReport()
     sd = convert_state_dict(select_backbone(extract_state_dict(state_dict), None, report), model, report)
     model_sd = model.state_dict()
     report.missing = [k for k in model_sd if k not in sd]
     if report.required_missing and not allow_partial:
         raise _partial_error(report, "the pretrained file")
-    for k in report.missing:  # new relative-position tables keep their zeros, also when timm loads strictly
+    for k in report.missing:  # new relative-position tables keep their zeros
         if is_rel_pos(k):
             sd[k] = model_sd[k]
     return sd
@@ -303,22 +285,10 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: nn.Module,
 set_checkpoint_filter(checkpoint_filter_fn)
 
 
-def _diagnose(sd: Mapping[str, torch.Tensor], model: nn.Module) -> str:
-    hints = []
-    w_ckpt = sd.get(ANCHOR)
-    if w_ckpt is not None and w_ckpt.shape[0] != model.embed_dim:
-        hints.append(f"the checkpoint's width is {w_ckpt.shape[0]}, the model's {model.embed_dim}")
-    steps = {int(v.shape[0]) for k, v in sd.items() if k.endswith("router.weight")}
-    if steps and steps != {model.num_steps}:
-        hints.append(f"the checkpoint's recursion depth is T={sorted(steps)}, the model's T={model.num_steps}")
-    return ("; ".join(hints) + ". ") if hints else ""
-
-
 def _partial_error(report: LoadReport, source: str) -> CheckpointError:
     missing = report.required_missing
     hint = ""
-    if any(".router." in k or ".step_transforms." in k for k in missing) and \
-            not any(".blocks." in k for k in missing):
+    if any(".router." in k or ".step_transforms." in k for k in missing) and not any(".blocks." in k for k in missing):
         hint = ("Only the recursion parameters (routers, step transforms) are missing, as when a plain ViT "
                 "(T=1) initialises a recursive model. ")
     return CheckpointError(
@@ -329,24 +299,13 @@ def _partial_error(report: LoadReport, source: str) -> CheckpointError:
           f"(the backbones' allow_partial option in the framework configs; timm: pretrained_strict=False).")
 
 
-def _inside_unexpected(unexpected: List[str], model: nn.Module) -> List[str]:
-    """Checkpoint keys inside the model's units that it lacks: a layout or recursion mismatch."""
-    inside = []
-    for key in unexpected:
-        m = re.match(r"^units\.(\d+)\.", key)
-        if m and int(m.group(1)) < len(model.units) and not is_rel_pos(key):
-            inside.append(key)
-    return inside
-
-
 def require_fit(weights: Mapping[str, torch.Tensor], model: nn.Module, source: str, what: str) -> LoadReport:
     """A whole model's trained weights against ``model``.
 
     Returns:
         The ``LoadReport`` when every tensor fits.
     Raises:
-        CheckpointError: naming a few tensors of each kind that does not fit.
-    """
+        CheckpointError: naming a few tensors of each kind that does not fit."""
     model_sd = model.state_dict()
     report = LoadReport(mismatched=[k for k, v in weights.items() if k in model_sd and v.shape != model_sd[k].shape])
     report.missing = [k for k in model_sd if k not in weights]
@@ -369,16 +328,13 @@ def require_fine_tune_fit(weights: Dict[str, torch.Tensor], model_sd: Mapping[st
 
     Args:
         weights: the checkpoint's state dict; the class-dependent tensors of another shape are removed.
-        model_sd: the model's state dict.
         class_dependent: matches the names of the layers sized by the number of classes.
         backbones: state-dict prefix of each core model -> its ``allow_partial``.
-        log: where the re-initialised tensors are logged.
         source, allow_partial_key: the config keys named in the messages.
     Returns:
         The removed (re-initialised) keys.
     Raises:
-        CheckpointError: another tensor of another shape, or backbone tensors missing.
-    """
+        CheckpointError: another tensor of another shape, or backbone tensors missing."""
     mismatched = [k for k, v in weights.items() if k in model_sd and tuple(v.shape) != tuple(model_sd[k].shape)]
     reinitialised = [k for k in mismatched if class_dependent.match(k)]
     others = [k for k in mismatched if k not in reinitialised]
@@ -423,12 +379,11 @@ def load_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Any]],
         allow_partial: let backbone tensors be missing (they keep their initialisation).
         prefix: where the backbone sits in a whole-model checkpoint (default: found by its patch embedding).
         allow_shape_mismatch: skip tensors of another shape instead of raising.
-        vit_blocks: the plain-ViT blocks that seed the unique blocks (``default_vit_blocks``).
+        vit_blocks: the plain-ViT blocks that seed the unique blocks (``map_vit_block_keys``).
     Returns:
         The ``LoadReport``, also logged.
     Raises:
-        CheckpointError: a missing or mismatched tensor, unless allowed.
-    """
+        CheckpointError: a missing or mismatched tensor, unless allowed."""
     log = log or logger
     source = checkpoint if isinstance(checkpoint, str) else "the checkpoint"
     obj = read_checkpoint(checkpoint) if isinstance(checkpoint, str) else checkpoint
@@ -438,9 +393,15 @@ def load_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Any]],
     model_sd = model.state_dict()
     mismatched = [k for k, v in sd.items() if k in model_sd and model_sd[k].shape != v.shape]
     if mismatched and not allow_shape_mismatch:
-        example = mismatched[0]
+        example, hints, w_ckpt = mismatched[0], [], sd.get(ANCHOR)
+        if w_ckpt is not None and w_ckpt.shape[0] != model.embed_dim:
+            hints.append(f"the checkpoint's width is {w_ckpt.shape[0]}, the model's {model.embed_dim}")
+        steps = {int(v.shape[0]) for k, v in sd.items() if k.endswith("router.weight")}
+        if steps and steps != {model.num_steps}:
+            hints.append(f"the checkpoint's recursion depth is T={sorted(steps)}, the model's T={model.num_steps}")
+        hint = ("; ".join(hints) + ". ") if hints else ""
         raise CheckpointError(
-            f"{len(mismatched)} tensors of {source} have another shape than the model's. {_diagnose(sd, model)}"
+            f"{len(mismatched)} tensors of {source} have another shape than the model's. {hint}"
             f"Use the variant (width, T) the checkpoint was trained with.\n  "
             + "\n  ".join(group_keys(mismatched))
             + f"\n  e.g. {example}: checkpoint {tuple(sd[example].shape)} vs model {tuple(model_sd[example].shape)}")
@@ -451,7 +412,8 @@ def load_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Any]],
     report.unexpected = [k for k in sd if k not in model_sd]
     if report.required_missing and not allow_partial:
         raise _partial_error(report, source)
-    inside = _inside_unexpected(report.unexpected, model)
+    inside = [k for k in report.unexpected if (m := re.match(r"^units\.(\d+)\.", k))
+              and int(m.group(1)) < len(model.units) and not is_rel_pos(k)]  # a layout or recursion mismatch
     if inside and not allow_partial:
         raise CheckpointError(
             f"{source} holds {len(inside)} tensors inside this model's units that the model does not have "

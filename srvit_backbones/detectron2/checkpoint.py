@@ -1,19 +1,4 @@
-"""``train.init_checkpoint`` for SR-ViT: a DetectionCheckpointer that recognises core
-(pretraining / timm DeiT) checkpoints and mmengine ones (an mmdet or mmseg model's
-``iter_N.pth``) and loads their backbone into the SR-ViT backbone through the
-package's one conversion path (keys mapped, head dropped, position embedding resized),
-logging what did not load. Every other file (detectron2's own checkpoints, model-zoo ``.pkl``
-files, any state dict) loads as detectron2 loads it, but completely or not at all, as mmdet and
-mmseg load: a file that lacks (part of) the SR-ViT backbone is refused unless ``allow_partial``,
-and a tensor of another shape is refused, except the class-dependent layers of a detector
-trained on other classes, which start from their initialisation (fine-tuning a COCO detector
-into a 3-class one) and are listed in the log.
-
-Checkpoints and ``last_checkpoint`` are written whole or not at all (``AtomicWrites``): fvcore
-writes them in place, so a process killed mid-write, or a full disk, leaves a truncated file (a
-truncated ``model_final.pth`` of an earlier run, rewritten at the end of a resumed one, loses that
-run's weights).
-"""
+"""detectron2's checkpointer for SR-ViT: loads completely or not at all, writes whole (docs/checkpoints.md)."""
 import re
 
 from detectron2.checkpoint import DetectionCheckpointer
@@ -31,8 +16,7 @@ from ..training.faults import atomic_open, refuse_non_finite_weights
 from .backbone import SRViTBackbone
 from .faults import FIXES, last_checkpoint
 
-#: the layers whose size follows the number of classes: box classifier and regression (per
-#: cascade stage), mask predictor
+#: the layers whose size follows the number of classes
 CLASS_DEPENDENT = re.compile(r"^roi_heads\.(box_predictor(\.\d+)?\.(cls_score|bbox_pred)|mask_head\.predictor)"
                              r"\.(weight|bias)$")
 
@@ -40,10 +24,7 @@ _DETECTOR_PREFIXES = ("backbone.", "proposal_generator.", "roi_heads.", "pixel_"
 
 
 class AtomicWrites:
-    """fvcore's ``Checkpointer.path_manager`` (``path_manager``'s functions) with the local files it
-    opens for writing (checkpoints, ``last_checkpoint``) written whole or not at all
-    (``faults.atomic_open``): fvcore writes them in place. Files behind another storage
-    (``manifold://``...) are ``path_manager``'s."""
+    """``path_manager`` with the local files opened for writing going through ``faults.atomic_open``."""
 
     def __init__(self, path_manager):
         self.path_manager = path_manager
@@ -66,24 +47,15 @@ def is_core_checkpoint(obj) -> bool:
     return "pos_embed" in sd and not any(k.startswith(_DETECTOR_PREFIXES) for k in sd)
 
 
-def is_mmengine_checkpoint(obj) -> bool:
-    """A checkpoint an mmengine Runner saved (mmdet, mmseg): its weights under ``state_dict``,
-    its run under ``meta``; the SR-ViT backbone inside is found by its patch embedding."""
-    return isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict) and isinstance(obj.get("meta"), dict)
-
-
 class SRViTCheckpointer(DetectionCheckpointer):
-    """Args as DetectionCheckpointer. A core checkpoint loads into every ``SRViTBackbone`` of
-    the model with that backbone's ``prefer_ema`` and ``allow_partial`` settings (config keys
-    ``model.backbone.net.prefer_ema`` / ``.allow_partial``)."""
+    """Args as DetectionCheckpointer; a core checkpoint loads into every ``SRViTBackbone``."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.path_manager = AtomicWrites(self.path_manager)
 
     def save(self, name: str, **kwargs) -> None:
-        """``Checkpointer.save``; non-finite weights are not saved (``faults.refuse_non_finite_weights``):
-        the run stops instead."""
+        """``Checkpointer.save``, refusing non-finite weights (``faults.refuse_non_finite_weights``)."""
         refuse_non_finite_weights(self.model.state_dict(), kwargs.get("iteration", -1), last_checkpoint(self),
                                   "--resume", FIXES)
         super().save(name, **kwargs)
@@ -91,7 +63,9 @@ class SRViTCheckpointer(DetectionCheckpointer):
     def _load_file(self, filename):
         if filename.endswith((".pth", ".pt", ".bin")):
             obj = read_checkpoint(filename)
-            if is_core_checkpoint(obj) or is_mmengine_checkpoint(obj):
+            mmengine = isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict) and \
+                isinstance(obj.get("meta"), dict)  # an mmdet or mmseg Runner's
+            if is_core_checkpoint(obj) or mmengine:
                 return {"model": obj, "__srvit_core__": True}
         return super()._load_file(filename)
 
@@ -103,34 +77,14 @@ class SRViTCheckpointer(DetectionCheckpointer):
         if not backbones:
             raise ValueError("train.init_checkpoint is an SR-ViT (or mmengine) checkpoint, but the model has no "
                              "SRViTBackbone")
-        for backbone in backbones:  # the report (what did not load) goes to the log
+        for backbone in backbones:
             load_pretrained(backbone.srvit, checkpoint["model"], prefer_ema=backbone.prefer_ema,
                             allow_partial=backbone.allow_partial, log=self.logger)
         self.logger.info("Detector parts outside the backbone start from their initialisation.")
-        return None
-
-    def _srvit_backbones(self):
-        """(state-dict prefix of the core model, SRViTBackbone) of each SR-ViT backbone."""
-        return [(f"{name}.srvit." if name else "srvit.", m) for name, m in self.model.named_modules()
-                if isinstance(m, SRViTBackbone)]
-
-    def _resize_backbone_tables(self, weights) -> None:
-        """The backbone's position table and relative-position tables of a detector trained at
-        another input size resized to this model's (the core's conversion), in place."""
-        for prefix, backbone in self._srvit_backbones():
-            inside = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
-            if "pos_embed" not in inside:
-                continue
-            report = LoadReport()
-            converted = convert_state_dict(inside, backbone.srvit, report)
-            for note in report.notes:
-                self.logger.info("SR-ViT backbone %s: %s", prefix, note)
-            weights.update({prefix + k: v for k, v in converted.items()})
 
     def _require_fit(self, checkpoint) -> None:
-        """A detectron2-format checkpoint against the model, before it loads (after detectron2's
-        name matching and the backbone's table resizing): ``require_fine_tune_fit``."""
-        if checkpoint.get("matching_heuristics", False):  # detectron2's name matching, done here
+        """``require_fine_tune_fit`` after detectron2's name matching and the backbones' table resizing."""
+        if checkpoint.get("matching_heuristics", False):
             self._convert_ndarray_to_tensor(checkpoint["model"])
             checkpoint["model"] = align_and_update_state_dicts(self.model.state_dict(), checkpoint["model"],
                                                                c2_conversion=checkpoint.get("__author__") == "Caffe2")
@@ -138,7 +92,17 @@ class SRViTCheckpointer(DetectionCheckpointer):
         weights = checkpoint["model"]
         if weights and all(k.startswith("module.") for k in weights):
             weights = checkpoint["model"] = {k[len("module."):]: v for k, v in weights.items()}
-        self._resize_backbone_tables(weights)
-        backbones = {prefix: backbone.allow_partial for prefix, backbone in self._srvit_backbones()}
+        srvits = [(f"{name}.srvit." if name else "srvit.", m) for name, m in self.model.named_modules()
+                  if isinstance(m, SRViTBackbone)]  # (state-dict prefix of the core model, backbone)
+        for prefix, backbone in srvits:
+            inside = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+            if "pos_embed" not in inside:
+                continue
+            report = LoadReport()
+            converted = convert_state_dict(inside, backbone.srvit, report)
+            for note in report.notes:
+                self.logger.info("SR-ViT backbone %s: %s", prefix, note)
+            weights.update({prefix + k: v for k, v in converted.items()})  # tables resized to this model's
+        backbones = {prefix: backbone.allow_partial for prefix, backbone in srvits}
         require_fine_tune_fit(weights, self.model.state_dict(), CLASS_DEPENDENT, backbones, self.logger,
                               "train.init_checkpoint", "model.backbone.net.allow_partial=True")

@@ -1,8 +1,4 @@
-"""Faults of a detectron2 run, as every entry point handles them (``srvit_backbones.training.faults``):
-a diverged run stopped with the iteration, the last checkpoint and what to try (detectron2 stops
-at a non-finite loss itself, "Loss became infinite or NaN at iteration=N", but names neither,
-and its ``AMPTrainer`` lets a GradScaler skip every step silently); a process of the job that
-dies named by its global rank, with the collective timeout of ``faults.COLLECTIVE_TIMEOUT_S``."""
+"""Faults of a detectron2 run, handled as ``training.faults`` does (docs/faults.md)."""
 import contextlib
 
 from detectron2.engine import HookBase
@@ -24,23 +20,19 @@ FIXES = ("a lower optimizer.lr (or a longer lr_multiplier.warmup_length)",
 
 
 class DivergenceCheck(HookBase):
-    """Stops training (``faults.Diverged``) once the ``AMPTrainer``'s GradScaler has skipped more
-    than ``max_consecutive_skipped_steps`` optimizer steps in a row; a trainer without one is
-    left alone. Register it before the PeriodicCheckpointer, so that a checkpoint is never
-    written after such a step."""
+    """Stops training once the GradScaler skipped too many steps; register it before the PeriodicCheckpointer."""
 
     def __init__(self, checkpointer, max_consecutive_skipped_steps: int = MAX_CONSECUTIVE_SKIPPED_STEPS):
         self.checkpointer = checkpointer
         self.skipped = SkippedStepCounter(max_consecutive_skipped_steps)
 
     def before_train(self):
-        self.skipped.start(getattr(self.trainer, "grad_scaler", None))  # after a resume loaded it
+        self.skipped.start(getattr(self.trainer, "grad_scaler", None))
 
     def after_step(self):
         if self.skipped.update(getattr(self.trainer, "grad_scaler", None)):
-            raise Diverged(divergence_message(self.skipped.describe("the AMPTrainer's GradScaler"),
-                                                        self.trainer.iter, last_checkpoint(self.checkpointer),
-                                                        "--resume", FIXES))
+            raise Diverged(divergence_message(self.skipped.describe("the AMPTrainer's GradScaler"), self.trainer.iter,
+                                              last_checkpoint(self.checkpointer), "--resume", FIXES))
 
 
 def last_checkpoint(checkpointer):
@@ -50,9 +42,7 @@ def last_checkpoint(checkpointer):
 
 @contextlib.contextmanager
 def explained_divergence(trainer):
-    """Re-raises the FloatingPointError of detectron2's own divergence checks (a non-finite loss;
-    non-finite predicted boxes in the ROI heads) with the iteration, the last checkpoint (of
-    ``trainer.checkpointer``, as detectron2's DefaultTrainer holds it) and what to try."""
+    """Re-raise detectron2's own FloatingPointError as ``Diverged``, with the last checkpoint and what to try."""
     try:
         yield
     except FloatingPointError as e:
@@ -63,21 +53,16 @@ def explained_divergence(trainer):
 
 
 def launch(main, args) -> None:
-    """detectron2's ``launch`` with ``default_argument_parser``'s arguments (``--num-gpus``,
-    ``--num-machines``, ``--machine-rank``, ``--dist-url``) and the collective timeout. Where a
-    process of this machine dies (a SIGKILL, the OOM killer) or raises, torch reports "process 0
-    terminated with signal SIGKILL", its index on this machine: the ``SRViTError`` raised then
-    names its global rank."""
+    """detectron2's ``launch`` with the collective timeout; a dead process is an ``SRViTError`` naming its rank."""
     try:
         detectron2_launch(main, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
                           dist_url=args.dist_url, args=(args,), timeout=collective_timeout())
     except (ProcessExitedException, ProcessRaisedException) as e:
-        rank = args.machine_rank * args.num_gpus + e.error_index
+        where = f"rank {args.machine_rank * args.num_gpus + e.error_index} (process {e.error_pid} on machine " \
+            f"{args.machine_rank})"
         if isinstance(e, ProcessRaisedException):
-            raise SRViTError(f"rank {rank} (process {e.error_pid} on machine {args.machine_rank}) failed: the job is "
-                             f"stopped; its error is above") from e
+            raise SRViTError(f"{where} failed: the job is stopped; its error is above") from e
         how = f"was killed by signal {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
-        raise SRViTError(f"rank {rank} (process {e.error_pid} on machine {args.machine_rank}) {how}: the job is "
-                         f"stopped; continue it with --resume (the last complete checkpoint in "
-                         f"train.output_dir)") from e
+        raise SRViTError(f"{where} {how}: the job is stopped; continue it with --resume (the last complete "
+                         f"checkpoint in train.output_dir)") from e
 

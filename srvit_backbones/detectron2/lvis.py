@@ -1,5 +1,4 @@
-"""LVIS pieces of the lvis/ LazyConfigs: what detectron2's model zoo writes as a lambda, and its
-evaluator under numpy 2."""
+"""LVIS pieces of the lvis/ LazyConfigs: ViTDet's fed-loss lambda, and the evaluator under numpy 2."""
 import functools
 
 from detectron2.data.detection_utils import get_fed_loss_cls_weights
@@ -9,8 +8,7 @@ from ..data.lvis import lvis_under_numpy2
 
 
 def fed_loss_cls_weights(dataset_names, freq_weight_power=0.5):
-    """ViTDet's ``lambda: get_fed_loss_cls_weights(names, 0.5)`` as a LazyCall target (so that the config
-    saves as yaml)."""
+    """ViTDet's ``lambda: get_fed_loss_cls_weights(names, 0.5)`` as a LazyCall target (saves as yaml)."""
     return functools.partial(get_fed_loss_cls_weights, dataset_names, freq_weight_power)
 
 

@@ -1,21 +1,9 @@
-"""Let ``torch.load(weights_only=True)`` read mmengine's checkpoints (their ``MessageHub`` holds
-``HistoryBuffer``s of numpy arrays) by allow-listing those few types, its ``getattr`` limited to
-HistoryBuffer's methods. Registered on import, and as setup.py's ``mmengine`` entry point of
-``srvit_backbones.checkpoint_types`` (``checkpoint.read_checkpoint`` runs it when torch refuses a type)."""
+"""Let ``torch.load(weights_only=True)`` read mmengine's checkpoints (an entry point of setup.py)."""
 import pickle
 
 import numpy as np
 import torch
 from mmengine.logging import HistoryBuffer
-
-
-def _numpy_globals():
-    try:
-        from numpy._core.multiarray import _reconstruct, scalar
-    except ImportError:  # numpy < 2
-        from numpy.core.multiarray import _reconstruct, scalar
-    dtype_classes = [type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "bool")]
-    return [_reconstruct, scalar, np.ndarray, np.dtype, *dtype_classes]
 
 
 def history_buffer_attribute(obj, name):
@@ -27,7 +15,12 @@ def history_buffer_attribute(obj, name):
 
 def allow_mmengine_checkpoints():
     """Allow-list the types of an mmengine checkpoint's message hub for ``torch.load(weights_only=True)``."""
-    torch.serialization.add_safe_globals([HistoryBuffer, *_numpy_globals(),
+    try:
+        from numpy._core.multiarray import _reconstruct, scalar
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct, scalar
+    dtype_classes = [type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "bool")]
+    torch.serialization.add_safe_globals([HistoryBuffer, _reconstruct, scalar, np.ndarray, np.dtype, *dtype_classes,
                                           (history_buffer_attribute, "builtins.getattr")])
 
 

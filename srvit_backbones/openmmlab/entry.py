@@ -1,6 +1,4 @@
-"""mmdet's and mmseg's own ``tools/train.py`` and ``tools/test.py``, written once for tools/train_det.py,
-train_seg.py, test_det.py and test_seg.py; what a framework's scripts do differently is its ``tools``
-module's ``SCRIPT_OPTIONS`` (a ``ScriptOptions``)."""
+"""mmdet's and mmseg's ``tools/train.py`` / ``test.py``, once for both (differences: ``tools.SCRIPT_OPTIONS``)."""
 import argparse
 import os.path as osp
 
@@ -16,28 +14,18 @@ from .tools import apply_amp, check_compile, prepare_training
 
 
 class ScriptOptions:
-    """What a framework's own tools/train.py and test.py add, as parser texts and hooks; the defaults add nothing."""
+    """What a framework's own tools/train.py and test.py add. A subclass sets ``train_description``,
+    ``test_description``, ``out_help`` and defines ``add_train_arguments(parser)`` (after ``--work-dir``),
+    ``apply_train_arguments(cfg, args)`` (after ``--amp``, before the data check) and ``apply_test_arguments(cfg,
+    args)`` (after the data check); the rest has defaults."""
 
-    train_description = "Train a model"
-    test_description = "Test (and eval) a model"
-    out_help = "where the predictions are saved"
     show_dir_help = "directory where painted images will be saved"
-
-    def add_train_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """The training options after ``--work-dir``, in the order of the framework's script."""
-        add_amp_argument(parser)
-
-    def apply_train_arguments(self, cfg: Config, args: argparse.Namespace) -> None:
-        """Those options applied to the config (after ``--amp``, before the data check)."""
 
     def add_test_arguments(self, parser: argparse.ArgumentParser) -> None:
         """The test options after ``--launcher``."""
 
     def check_test_arguments(self, args: argparse.Namespace) -> None:
         """Refuse test options that cannot work, before the config is read."""
-
-    def apply_test_arguments(self, cfg: Config, args: argparse.Namespace) -> None:
-        """The test options applied to the config, after the data check."""
 
 
 def add_amp_argument(parser: argparse.ArgumentParser) -> None:
@@ -50,41 +38,29 @@ def _add_overrides_and_launcher(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--launcher", choices=["none", "pytorch", "slurm", "mpi"], default="none", help="job launcher")
 
 
-def _add_local_rank(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=0)
-
-
-def parse_train_args(framework: str, argv=None) -> argparse.Namespace:
-    """The training tool's command line: mmengine's ``tools/train.py`` arguments, the framework's, your data's."""
+def build_train_runner(framework: str, argv=None) -> Runner:
+    """The Runner the training tool trains: the command line applied, compile and data checked, ``load_from`` too."""
     tools = adapter(framework).tools
     parser = argparse.ArgumentParser(description=tools.SCRIPT_OPTIONS.train_description)
     parser.add_argument("config", help="train config file path (or the name of a shipped config)")
     parser.add_argument("--work-dir", help="the dir to save logs and models")
     tools.SCRIPT_OPTIONS.add_train_arguments(parser)
     _add_overrides_and_launcher(parser)
-    _add_local_rank(parser)
-    tools.add_data_arguments(parser)  # your own data (--coco-train... / --seg-train...), --skip-data-check
-    return parser.parse_args(argv)
-
-
-def build_train_runner(framework: str, argv=None) -> Runner:
-    """The Runner the training tool trains: the config with the command line applied, mmengine's compile
-    refused where it cannot work, the data checked, the fault handling added, ``load_from`` checked."""
-    tools = adapter(framework).tools
-    args = parse_train_args(framework, argv)
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=0)
+    tools.add_data_arguments(parser)
+    args = parser.parse_args(argv)
     cfg = tools.load_config(args)
     apply_amp(cfg, args.amp)
     check_compile(cfg)
     tools.SCRIPT_OPTIONS.apply_train_arguments(cfg, args)
     tools.check_data(cfg, ("train_dataloader", "val_dataloader"), read_files=not args.skip_data_check)
     runner = build_runner(cfg)
-    check_load_from(runner)  # fine-tuning: only the class-dependent layers may differ
+    check_load_from(runner)
     return runner
 
 
 def build_runner(cfg: Config) -> Runner:
-    """The config's runner as mmseg's and mmdet's scripts build it (``SRViTRunner`` by default, or the
-    one ``runner_type`` names), ``prepare_training`` applied."""
+    """The config's runner (``SRViTRunner`` unless ``runner_type`` names another), ``prepare_training`` applied."""
     if cfg.get("runner_type", "SRViTRunner") == "SRViTRunner":
         return SRViTRunner.from_cfg(cfg)  # applies prepare_training
     prepare_training(cfg)
@@ -106,13 +82,12 @@ def parse_test_args(framework: str, argv=None) -> argparse.Namespace:
     parser.add_argument("--show-dir", help=options.show_dir_help)
     _add_overrides_and_launcher(parser)
     options.add_test_arguments(parser)
-    _add_local_rank(parser)
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=0)
     return parser.parse_args(argv)
 
 
-def build_test_runner(framework: str, argv=None) -> Runner:
-    """The Runner the test tool tests: the checkpoint on the config, the test data checked first
-    (``CheckpointError`` when the checkpoint does not exist)."""
+def run_test(framework: str, argv=None) -> None:
+    """Test the config's model with the checkpoint (``CheckpointError`` when it does not exist)."""
     tools = adapter(framework).tools
     args = parse_test_args(framework, argv)
     if not osp.isfile(args.checkpoint):
@@ -122,8 +97,4 @@ def build_test_runner(framework: str, argv=None) -> Runner:
     cfg.load_from = args.checkpoint
     tools.check_data(cfg, ("test_dataloader",))
     tools.SCRIPT_OPTIONS.apply_test_arguments(cfg, args)
-    return build_runner(cfg)
-
-
-def run_test(framework: str, argv=None) -> None:
-    build_test_runner(framework, argv).test()
+    build_runner(cfg).test()

@@ -1,11 +1,4 @@
-"""Mixed precision of the package's own loops and tools (pretraining, the demo, export, the
-benchmarks): ``--amp`` (``auto``) means fp16 autocast with a GradScaler on CUDA and bf16 autocast
-on a CPU with native bf16 (AVX512-BF16 or AMX), and a clear error on a CPU without it, never a
-silent fp32 run (emulated bf16 is slower than fp32). A dtype named explicitly (``--amp fp16`` /
-``bf16``) runs on any CUDA or CPU device: on a CPU that lacks it natively it is slower than fp32,
-and says so (a warning), but it runs the GPU's code path (fp16's loss scaling and skipped steps
-included), which is how the tests check that path on a CPU. detectron2's and mmengine's training
-use the frameworks' own mixed precision (``AMPTrainer``, ``AmpOptimWrapper``), on a GPU only."""
+"""``--amp`` of the package's own loops and tools: fp16 on CUDA, native bf16 on a CPU (docs/models.md)."""
 import contextlib
 import warnings
 from typing import ContextManager, Optional
@@ -24,22 +17,21 @@ def cpu_has_native_bf16() -> bool:
 
 
 def cpu_has_native_fp16() -> bool:
-    """Whether this CPU computes fp16 matrix products natively, by its AMX-FP16 tiles: torch
-    exposes no check of AVX512-FP16, so a CPU with that alone is warned about as emulated too."""
+    """Whether this CPU computes fp16 matrix products natively (AMX-FP16; torch cannot check AVX512-FP16)."""
     check = getattr(getattr(torch, "cpu", None), "_is_amx_fp16_supported", None)
     return bool(check is not None and check())
 
 
 def amp_dtype(device: str) -> torch.dtype:
-    """The autocast dtype ``--amp`` uses on ``device`` ('cpu', 'cuda', 'cuda:1', ...), or a
-    ValueError that says why there is none and what to do."""
+    """The autocast dtype ``--amp`` uses on ``device``, or a ValueError that says why there is none."""
     return resolve_precision(device, "auto")
 
 
 def resolve_precision(device: str, precision: str) -> Optional[torch.dtype]:
-    """The autocast dtype of ``--amp PRECISION`` (one of ``PRECISIONS``) on ``device``; None
-    for ``none`` (fp32); a ValueError naming the fix where ``auto`` finds no native dtype; a
-    warning where a named dtype runs emulated on this CPU."""
+    """The autocast dtype of ``--amp PRECISION`` on ``device`` (None: fp32).
+
+    Raises:
+        ValueError: an unknown precision or device, or ``auto`` on a CPU without native bf16."""
     if precision not in PRECISIONS:
         raise ValueError(f"--amp takes one of {PRECISIONS}, got {precision!r}")
     if precision == "none":

@@ -1,5 +1,4 @@
-"""Training curves (tools/plot_curves.py) of detectron2's ``metrics.json`` and mmengine's
-``vis_data/scalars.json``; the frameworks' log formats are data (``LOG_FORMATS``), no framework is imported."""
+"""Training curves (tools/plot_curves.py) of detectron2's and mmengine's logs, read as data (``LOG_FORMATS``)."""
 import glob
 import json
 import os
@@ -106,11 +105,8 @@ def series(framework, records):
 
 
 def plot_curves(path, output=None):
-    """Draw the run's curves (``path``: a metrics file or a run's folder) into ``output`` (default:
-    ``curves.png`` in the run's folder); returns (figure, PNG path).
-
-    Raises:
-        CurvesError: no metrics file, a line that is no JSON object, an unknown format, nothing to draw."""
+    """Draw the curves of ``path`` (a metrics file or a run's folder) into ``output`` (default: the folder's
+    ``curves.png``); returns (figure, PNG path). Raises ``CurvesError`` where there is nothing to draw."""
     files = find_files(path)
     framework, records = read_records(files)
     panels = series(framework, records)

@@ -1,33 +1,17 @@
-"""What every training entry point does when a run goes wrong, written once (torch only):
-checkpoints written whole or not at all, the message that ends a diverged run, the count of
-steps a GradScaler skipped, and the collective timeout of a distributed run.
-
-The adapters (``detectron2.faults``, ``openmmlab.hooks``, ``pretrain``) call these from their
-framework's own hooks; docs/faults.md has what each fault looks like and the measured figures.
-"""
+"""Fault handling shared by every training entry point, torch only (docs/faults.md)."""
 import contextlib
 import datetime
 import os
-from typing import Iterable, List, Optional
+from typing import Iterable, Optional
 
 import torch
 
 from ..errors import SRViTError
 
-#: How long a collective waits for a rank that does not answer before the process group fails
-#: (torch's own default is 30 minutes for gloo, 10 for NCCL). Long enough for the slowest thing
-#: ranks wait on each other for in our runs (a first step that compiles or benchmarks kernels,
-#: rank 0 computing a COCO / LVIS metric while the others wait at the result broadcast), short
-#: enough that a rank lost on another machine ends the job in minutes rather than half an hour.
-#: A rank lost on the same machine ends the job sooner: torchrun's agent (or detectron2's
-#: ``launch``) sees the process die and stops the others; gloo also fails at once on a closed
-#: connection. mmengine configs may set another with ``env_cfg.dist_cfg.timeout`` (seconds).
+#: seconds a collective waits for a rank that does not answer (docs/faults.md)
 COLLECTIVE_TIMEOUT_S = 600
 
-#: GradScaler steps skipped in a row (an inf / NaN gradient each time, the scale halved each
-#: time) after which a run is stopped: from the default initial scale 2**16, 20 halvings leave
-#: 2**-4, where a gradient that still overflows fp16 is not an overflow but a divergence. The few
-#: skips of a healthy run's first steps, while the scale settles, stay far below.
+#: GradScaler steps skipped in a row after which a run is stopped (2**16 halved 20 times: 2**-4)
 MAX_CONSECUTIVE_SKIPPED_STEPS = 20
 
 
@@ -36,28 +20,22 @@ def collective_timeout(seconds: Optional[float] = None) -> datetime.timedelta:
 
 
 class Diverged(SRViTError, FloatingPointError):
-    """A run stopped because it diverged, with ``divergence_message``'s explanation (a
-    FloatingPointError, as the frameworks' own divergence checks raise)."""
+    """A run stopped because it diverged (``divergence_message``)."""
 
 
 class CheckpointWriteError(SRViTError, OSError):
-    """A checkpoint that could not be written: its file, the cause, and what is left on disk (an
-    OSError, as the write's own error)."""
+    """A checkpoint that could not be written: its file, the cause, and what is left on disk."""
 
 
 @contextlib.contextmanager
 def atomic_open(path: str, mode: str = "wb"):
-    """``open(path, mode)`` for writing, whole or not at all: the block writes ``PATH.tmp``, which
-    its end flushes to disk and renames over ``path``, so a process killed or a disk that fills
-    mid-write leaves the earlier file (and every other checkpoint) as it was, never a truncated
-    ``path``.
+    """``open(path, mode)`` for writing, whole or not at all (``PATH.tmp``, flushed, renamed over ``path``).
 
     Args:
         path: the file to write.
         mode: ``open``'s writing mode ("wb", "w").
     Raises:
-        CheckpointWriteError: a write failed (naming ``path`` and the cause); the temporary file is removed.
-    """
+        CheckpointWriteError: a write failed (naming ``path`` and the cause); the temporary file is removed."""
     tmp = f"{path}.tmp"
     try:
         with open(tmp, mode) as f:
@@ -108,33 +86,20 @@ def atomic_torch_save(obj, path: str) -> None:
 
 def divergence_message(what: str, iteration: int, last_checkpoint: Optional[str], resume: str,
                        fixes: Iterable[str]) -> str:
-    """The message that stops a run whose loss went non-finite (or whose GradScaler skipped
-    step after step): ``what`` happened at ``iteration``, the last checkpoint written before it
-    (all of them were written while the loss was finite) and how to resume from it, what to try."""
+    """The message that stops a diverged run: what, when, the last checkpoint and how to resume, what to try."""
     kept = (f"the last checkpoint, {last_checkpoint!r}, was written before it: {resume} continues from it"
             if last_checkpoint else "no checkpoint was written before it: the run restarts from its initial weights")
     return f"{what} at iteration {iteration}: training stopped; {kept}. Try: " + "; ".join(fixes) + "."
 
 
-def non_finite_tensors(state_dict) -> List[str]:
-    """The names of ``state_dict``'s floating-point tensors holding a NaN or an infinity (one
-    device sync for all of them)."""
-    names = [name for name, value in state_dict.items() if torch.is_tensor(value) and value.is_floating_point()]
-    if not names:
-        return []
-    flags = [torch.isfinite(state_dict[name]).all() for name in names]
-    if len({flag.device for flag in flags}) > 1:  # a model split over devices: one sync per device
-        flags = [flag.cpu() for flag in flags]
-    finite = torch.stack(flags).tolist()
-    return [name for name, ok in zip(names, finite) if not ok]
-
-
 def refuse_non_finite_weights(state_dict, iteration: int, last_checkpoint: Optional[str], resume: str,
                               fixes: Iterable[str]) -> None:
-    """Raise Diverged (``divergence_message``) instead of saving weights that are not
-    finite: an optimizer step can poison the weights while the loss it came from was finite (the
-    loss check stops the run one iteration later), and such a checkpoint would replace a good one."""
-    bad = non_finite_tensors(state_dict)
+    """Raise ``Diverged`` instead of saving weights that are not finite (one device sync per device)."""
+    names = [name for name, value in state_dict.items() if torch.is_tensor(value) and value.is_floating_point()]
+    flags = [torch.isfinite(state_dict[name]).all() for name in names]
+    if len({flag.device for flag in flags}) > 1:
+        flags = [flag.cpu() for flag in flags]
+    bad = [name for name, ok in zip(names, torch.stack(flags).tolist()) if not ok] if flags else []
     if bad:
         shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
         raise Diverged(divergence_message(f"the weights became non-finite ({shown}) and were not saved",
@@ -142,22 +107,14 @@ def refuse_non_finite_weights(state_dict, iteration: int, last_checkpoint: Optio
 
 
 class SkippedStepCounter:
-    """Counts the optimizer steps a ``torch.amp.GradScaler`` skipped in a row (found inf / NaN
-    gradients, halved its scale) and says when there were more than ``limit``. ``start`` reads
-    the scale the first step starts from (call it before training, after a resume loaded the
-    scaler's state: without it the first step's skip is not seen); ``update`` reads the scale
-    after each step (after the scaler's ``update()``); a step whose scale did not drop (taken,
-    or grown after ``growth_interval`` taken steps) ends the row."""
+    """Counts the steps a ``GradScaler`` skipped in a row: ``start`` before training, ``update`` after each step."""
 
     def __init__(self, limit: int = MAX_CONSECUTIVE_SKIPPED_STEPS):
-        self.limit = limit
-        self.consecutive = 0
-        self.total = 0
-        self._scale = None
-        self._last_skipped_at = None  # the scale the last skipped step ran at
+        self.limit, self.consecutive, self.total = limit, 0, 0
+        self._scale = self._last_skipped_at = None
 
     def start(self, scaler) -> "SkippedStepCounter":
-        """Record the scale ``scaler`` (or None) starts the next step from; returns self."""
+        """Record the scale the next step starts from; returns self."""
         self._scale = scaler.get_scale() if scaler is not None and scaler.is_enabled() else None
         return self
 
@@ -169,8 +126,7 @@ class SkippedStepCounter:
         skipped = self._scale is not None and scale < self._scale
         self.consecutive = self.consecutive + 1 if skipped else 0
         self.total += int(skipped)
-        if skipped:
-            self._last_skipped_at = self._scale
+        self._last_skipped_at = self._scale if skipped else self._last_skipped_at
         self._scale = scale
         return self.consecutive > self.limit
 
