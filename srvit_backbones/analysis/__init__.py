@@ -1,2 +1,1 @@
-"""Looking at a model: FLOPs and their tables, benchmarks, ONNX export, the demo, router pictures and token-merging
-fidelity."""
+"""Looking at a model: FLOPs, benchmarks, ONNX export, the demo, router pictures, merging fidelity."""

@@ -1,2 +1,1 @@
-"""Datasets: the data check every training tool runs first, LVIS v1 helpers and the generated (synthetic) COCO,
-LVIS and ADE20K datasets of the quickstarts and tests."""
+"""Datasets: the data check before a run, LVIS v1 helpers, the generated COCO / LVIS / ADE20K datasets."""

@@ -1,2 +1,1 @@
-"""Training infrastructure shared by every entry point: mixed precision, faults (whole-or-nothing checkpoint writes,
-divergence stops, collective timeouts) and training curves."""
+"""Training infrastructure of every entry point: mixed precision, fault handling, training curves."""

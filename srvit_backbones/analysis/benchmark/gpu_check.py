@@ -1,13 +1,9 @@
-"""tools/gpu_check.py (``make gpu-check``): what a GPU user's run does, in one command and one
-JSON, each figure beside its anchor measured in the same run (docs/performance.md's table says
-what each check runs and is read against):
-(a) detectron2's Mask R-CNN training step (AMPTrainer) beside ViTDet-B; (b) mmseg's UPerNet step
-(AmpOptimWrapper; skipped where mmseg does not import); (c) a tools/pretrain.py step with --amp;
-(d) inference img/s and MFU against DeiT-S and vit_same_depth; (e) the device branches against the
-CPU; (f) the backbone beside its anchors; (g) compiled against eager (no graph break allowed).
+"""tools/gpu_check.py (``make gpu-check``): what a GPU user's run does, in one command and one JSON, each figure
+beside its anchor measured in the same run (docs/performance.md: what each check runs and is read against).
 
-The checks take tools/gpu_check.py's parsed options (``args``) and the ``torch.device``; (a) and (b)
-step through their framework's adapter (``srvit_backbones.frameworks``), so no framework is imported here.
+(a) detectron2's Mask R-CNN step (AMPTrainer) beside ViTDet-B; (b) mmseg's UPerNet step (AmpOptimWrapper); (c) a
+tools/pretrain.py step with --amp; (d) inference img/s and MFU; (e) the device branches against the CPU; (f) the
+backbone beside its anchors; (g) compiled against eager. (a), (b) go through the framework table (no import here).
 """
 import contextlib
 import os

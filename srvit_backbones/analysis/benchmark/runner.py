@@ -1,20 +1,9 @@
-"""tools/benchmark.py: speed and peak memory of SR-ViT against its anchors (``vit_same_depth``:
-timm's ViT of depth D_eff; ``vitdet_same_depth``: detectron2's ViTDet of the same applications)
-and timm models, of ``--variant``s side by side, of whole detectron2 steps (``--detector``), with
-``--amp`` / ``--compile`` paired against fp32 / eager, and of the relative-position attention
-kernels (``--attention``). All models of a mode are timed in interleaved rounds in one process
-(paired per-round ratios with a bootstrap 95% interval); peak memory in a process per model.
-docs/tools.md and docs/performance.md describe each mode and how it measures.
+"""tools/benchmark.py: speed and peak memory of SR-ViT beside its anchors and timm models, of ``--variant``s, of
+whole detectron2 steps (``--detector``), ``--amp`` / ``--compile`` paired against fp32 / eager, and of the
+relative-position kernels (``--attention``); models of a mode timed in interleaved rounds in one process (paired
+ratios, bootstrap 95% interval), peak memory in a process per model. Modes and examples: docs/tools.md.
 
-    python tools/benchmark.py --model srvit_s_t3 --size 224 --batch-size 8
-    python tools/benchmark.py --model srvit_s_t4 --size 1024 --batch-size 1 --modes train \\
-        --grad-checkpointing both --references --json docs/bench_s_t4_1024.json
-    python tools/benchmark.py --model srvit_s_t3 --size 1024 --batch-size 2 --amp --references \\
-        vit_same_depth vitdet_same_depth --variant global: --variant win:window_size=14,use_rel_pos=True
-    python tools/benchmark.py --detector reference/mask_rcnn_vitdet_b.py mask_rcnn_srvit_s_t3_win.py \\
-        --batch-size 1 --amp --compile both
-    python tools/benchmark.py --attention --size 1024 --batch-size 2
-    python tools/benchmark.py --model srvit_s_t3 --references --compile both
+    python tools/benchmark.py --model srvit_s_t3 --size 224 --batch-size 8 --references --compile both
 """
 import argparse
 import collections
