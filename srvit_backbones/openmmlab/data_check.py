@@ -10,7 +10,7 @@ from mmengine.config import Config
 
 from ..data.check import CocoSplit, SegSplit, coco_categories, run_check
 from ..errors import ConfigError
-from .tools import datasets
+from .tools import config_dicts, datasets
 
 DatasetDefaults = Callable[[str], Dict]
 
@@ -100,18 +100,12 @@ def data_splits(cfg: Config, loaders: Iterable[str], dataset_defaults: DatasetDe
     return splits
 
 
-def _num_classes(node, path="model"):
+def _num_classes(model):
     """(dict, key, config key) of every ``num_classes`` of the model's class-dependent heads (an
     RPN's single objectness class is not one)."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key == "num_classes" and isinstance(value, int):
-                yield node, key, f"{path}.{key}"
-            elif key != "rpn_head":
-                yield from _num_classes(value, f"{path}.{key}")
-    elif isinstance(node, (list, tuple)):
-        for i, value in enumerate(node):
-            yield from _num_classes(value, f"{path}.{i}")
+    for where, node in config_dicts(model, "model"):
+        if isinstance(node.get("num_classes"), int) and "rpn_head" not in where.split("."):
+            yield node, "num_classes", f"{where}.num_classes"
 
 
 def check_num_classes(cfg: Config, loaders: Iterable[str], dataset_defaults: DatasetDefaults,

@@ -54,16 +54,25 @@ class AtomicLocalBackend(LocalBackend):
             AtomicLocalBackend.written = filepath
 
     def remove(self, filepath) -> None:
-        self.held.append(filepath) if self.held is not None else super().remove(filepath)
+        if self.held is None:
+            super().remove(filepath)
+        else:
+            self.held.append(filepath)
 
     def rmtree(self, dir_path) -> None:
-        self.held.append(dir_path) if self.held is not None else super().rmtree(dir_path)
+        if self.held is None:
+            super().rmtree(dir_path)
+        else:
+            self.held.append(dir_path)
 
     def remove_held(self) -> None:
         """Remove the paths held, and hold no more."""
         held, AtomicLocalBackend.held = self.held or [], None
         for path in held:
-            self.rmtree(path) if self.isdir(path) else self.remove(path)
+            if self.isdir(path):
+                self.rmtree(path)
+            else:
+                self.remove(path)
 
 
 register_backend(ATOMIC_LOCAL_BACKEND, AtomicLocalBackend)
